@@ -1,0 +1,45 @@
+"""TorchAllocator: one block taken from torch at start, handed out by the shared offset policy."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import HeapOutOfMemory
+from .offsets import Offsets
+
+
+class TorchAllocator:
+    """Peers open the block once through IPC; no collective and no driver call per allocation."""
+
+    vmm = False
+
+    def __init__(self, driver, heap_size: int, device: torch.device):
+        block = torch.empty(heap_size, dtype=torch.uint8, device=device)
+        if block.device.type == "cpu":
+            block.share_memory_()  # the host driver shares it by fd
+        self.block, self.base, self.size = block, block.data_ptr(), heap_size
+        self.offsets = Offsets(heap_size)
+
+    committed = property(lambda self: self.size)
+
+    def allocate(self, nbytes: int, align: int):
+        offset = self.offsets.allocate(nbytes, align)
+        if offset is None:
+            raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.size,
+                                  f"The largest free block is {self.offsets.largest_free()} bytes. Free tensors with "
+                                  "ctx.free(), or create the heap with a larger heap_size (or allocator='vmem').")
+        return offset, []
+
+    def undo(self, offset: int, new) -> None:
+        self.offsets.free(offset)
+
+    def free(self, offset: int) -> int:
+        return self.offsets.free(offset)
+
+    def trimmable(self):
+        return []
+
+    def release(self, segments) -> None:
+        pass
+
+    def close(self) -> None:
+        self.block = None

@@ -1,0 +1,252 @@
+"""Iris: the user's handle on a symmetric heap: ranks, torch-like tensor factories, barriers."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from numbers import Number
+from typing import Optional
+
+import torch
+
+from . import distributed
+from .allocators import ALLOCATORS
+from .heap import SymmetricHeap
+from .platform import get_driver
+
+ALIGN = 256
+
+
+def _shape(size) -> torch.Size:
+    """torch's size convention: ints, or one tuple/list/Size."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    for s in size:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError(f"sizes must be ints, got {type(s).__name__} {s!r} in {tuple(size)}")
+        if s < 0:
+            raise ValueError(f"negative dimension {s} in size {tuple(size)}")
+    return torch.Size(size)
+
+
+def _check_heap_size(heap_size) -> int:
+    if isinstance(heap_size, bool) or not isinstance(heap_size, int):
+        raise TypeError(f"heap_size must be an int number of bytes, got {type(heap_size).__name__} {heap_size!r}")
+    if heap_size <= 0:
+        raise ValueError(f"heap_size must be positive, got {heap_size}; e.g. heap_size=1 << 30 for 1 GiB")
+    return heap_size
+
+
+class Iris:
+    """A symmetric heap shared by every rank of the job. Creating one is collective: all ranks."""
+
+    def __init__(self, heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,
+                 timeout: Optional[float] = None):
+        heap_size = _check_heap_size(heap_size)
+        name = os.environ.get("IRIS_ALLOCATOR") or allocator or "torch"
+        if name not in ALLOCATORS:
+            raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
+        self.allocator_name = name
+        self.driver = get_driver(platform)
+        self.group = distributed.connect(timeout)
+        self.rank, self.world = self.group.rank, self.group.world
+        try:
+            index = self.rank % self.driver.device_count()
+            self.driver.set_device(index)
+            if self.driver.torch_device == "cpu":
+                self.device = torch.device("cpu")
+            else:
+                torch.cuda.set_device(index)
+                self.device = torch.device("cuda", index)
+            alloc = (ALLOCATORS[name](self.driver, heap_size) if name == "vmem"
+                     else ALLOCATORS[name](self.driver, heap_size, self.device))
+            self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
+        except BaseException:
+            self.group.close()
+            raise
+
+    # -- who and where -----------------------------------------------------
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_num_ranks(self) -> int:
+        return self.world
+
+    def get_device(self) -> torch.device:
+        return self.device
+
+    def get_heap_bases(self) -> torch.Tensor:
+        """int64 tensor on the heap's device: entry r is where rank r's heap is mapped in this process."""
+        return self.heap.heap_bases
+
+    @property
+    def heap_size(self) -> int:
+        return self.heap.size
+
+    def barrier(self) -> None:
+        """Waits for this rank's device work, then for every rank. Collective: all ranks."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.heap.group.barrier()
+
+    # -- memory ------------------------------------------------------------
+    def is_symmetric(self, t: torch.Tensor) -> bool:
+        """Whether all of t lies on this heap (so every rank has a copy at the same offset)."""
+        return self.heap.contains(t)
+
+    def peer_view(self, t: torch.Tensor, rank: int) -> torch.Tensor:
+        """rank's copy of heap tensor t, mapped in this process: host code can read and write it."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} is not in [0, {self.world})")
+        offset = self.heap.offset_of(t)
+        base = self.heap.tensor(0, (self.heap.size,), torch.uint8, rank)
+        return torch.as_strided(base.view(t.dtype) if offset % t.element_size() == 0 else base,
+                                t.shape, t.stride(), offset // t.element_size())
+
+    def free(self, t: torch.Tensor) -> None:
+        """Give t's block back for reuse. Collective: all ranks free the same tensors in the same order."""
+        self.heap.free(self.heap.offset_of(t))
+
+    def trim(self) -> int:
+        """Give memory with no live tensor back to the device; returns bytes released. Collective."""
+        return self.heap.trim()
+
+    def _empty(self, size, dtype, out, requires_grad) -> torch.Tensor:
+        shape = _shape(size)
+        dtype = dtype or torch.get_default_dtype()
+        if out is not None:
+            if not self.is_symmetric(out) or out.shape != shape or out.dtype != dtype:
+                raise ValueError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
+                                 f"{'a heap' if self.is_symmetric(out) else 'a non-heap'} tensor of shape "
+                                 f"{tuple(out.shape)} and dtype {out.dtype}")
+            return out
+        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        t = self.heap.tensor(self.heap.allocate(nbytes, ALIGN), shape, dtype)
+        return t.requires_grad_(requires_grad) if requires_grad else t
+
+    def _check_device(self, device) -> None:
+        if device is not None and torch.device(device).type != self.device.type:
+            raise ValueError(f"the heap lives on {self.device}; got device={device!r} (leave it out)")
+
+    def _filled(self, size, value, dtype, device, out, requires_grad) -> torch.Tensor:
+        self._check_device(device)
+        t = self._empty(size, dtype, out, False)
+        with torch.no_grad():
+            t.fill_(value)
+        return t.requires_grad_(requires_grad) if requires_grad else t
+
+    # -- factories (collective: all ranks, same order, same sizes) ---------
+    def empty(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
+        self._check_device(device)
+        return self._empty(size, dtype, out, requires_grad)
+
+    def zeros(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
+        return self._filled(size, 0, dtype, device, out, requires_grad)
+
+    def ones(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
+        return self._filled(size, 1, dtype, device, out, requires_grad)
+
+    def full(self, size, fill_value, *, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
+        if dtype is None:  # torch infers it from the fill value
+            dtype = torch.full((), fill_value).dtype
+        return self._filled((size,) if isinstance(size, int) else size, fill_value, dtype, device, out, requires_grad)
+
+    def empty_like(self, t, *, dtype=None, requires_grad=False) -> torch.Tensor:
+        return self.empty(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+
+    def zeros_like(self, t, *, dtype=None, requires_grad=False) -> torch.Tensor:
+        return self.zeros(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+
+    def ones_like(self, t, *, dtype=None, requires_grad=False) -> torch.Tensor:
+        return self.ones(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+
+    def full_like(self, t, fill_value, *, dtype=None, requires_grad=False) -> torch.Tensor:
+        return self.full(t.shape, fill_value, dtype=dtype or t.dtype, requires_grad=requires_grad)
+
+    def _copied(self, ref: torch.Tensor, out, requires_grad) -> torch.Tensor:
+        t = self._empty(ref.shape, ref.dtype, out, False)
+        with torch.no_grad():
+            t.copy_(ref)
+        return t.requires_grad_(requires_grad) if requires_grad else t
+
+    def arange(self, start: Number, end: Optional[Number] = None, step: Number = 1, *, dtype=None, device=None,
+               out=None, requires_grad=False) -> torch.Tensor:
+        self._check_device(device)
+        if end is None:
+            start, end = 0, start
+        ref = torch.arange(start, end, step, dtype=dtype if dtype else (out.dtype if out is not None else None),
+                           device=self.device)
+        return self._copied(ref, out, requires_grad)
+
+    def linspace(self, start, end, steps: int, *, dtype=None, device=None, out=None,
+                 requires_grad=False) -> torch.Tensor:
+        self._check_device(device)
+        ref = torch.linspace(start, end, steps, dtype=dtype if dtype else (out.dtype if out is not None else None),
+                             device=self.device)
+        return self._copied(ref, out, requires_grad)
+
+    def _random(self, size, fill, dtype, device, out, requires_grad) -> torch.Tensor:
+        self._check_device(device)
+        t = self._empty(size, dtype, out, False)
+        with torch.no_grad():
+            fill(t)
+        return t.requires_grad_(requires_grad) if requires_grad else t
+
+    def rand(self, *size, generator=None, dtype=None, device=None, out=None, requires_grad=False):
+        return self._random(size, lambda t: t.uniform_(0, 1, generator=generator), dtype, device, out, requires_grad)
+
+    def randn(self, *size, generator=None, dtype=None, device=None, out=None, requires_grad=False):
+        return self._random(size, lambda t: t.normal_(0, 1, generator=generator), dtype, device, out, requires_grad)
+
+    def uniform(self, *size, low: float = 0.0, high: float = 1.0, generator=None, dtype=None, device=None,
+                out=None, requires_grad=False):
+        if not low < high:
+            raise ValueError(f"uniform needs low < high, got low={low} high={high}")
+        return self._random(size, lambda t: t.uniform_(low, high, generator=generator), dtype, device, out,
+                            requires_grad)
+
+    def randint(self, *args, size=None, generator=None, dtype=torch.int64, device=None, out=None,
+                requires_grad=False):
+        """randint(high, size) or randint(low, high, size), as torch.randint."""
+        if size is not None:
+            args = (*args, size)
+        if len(args) == 2:
+            args = (0, *args)
+        if len(args) != 3:
+            raise TypeError("randint takes (high, size) or (low, high, size)")
+        low, high, size = args
+        if not low < high:
+            raise ValueError(f"randint needs low < high, got low={low} high={high}")
+        return self._random((size,) if isinstance(size, int) else size,
+                            lambda t: t.random_(low, high, generator=generator), dtype, device, out, requires_grad)
+
+    @contextmanager
+    def scope(self):
+        """Frees, at exit, every tensor the factories allocated inside. Collective: all ranks."""
+        mark = set(self.heap.alloc.offsets.live)
+        try:
+            yield self
+        finally:
+            for offset in sorted(set(self.heap.alloc.offsets.live) - mark):
+                self.heap.free(offset)
+
+    # -- lifetime ----------------------------------------------------------
+    def close(self) -> None:
+        """Release the heap and leave the job; idempotent. Collective while peers are alive."""
+        if getattr(self, "heap", None) is not None:
+            self.heap.close()
+
+    def __enter__(self) -> "Iris":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Iris(rank={self.rank}, world={self.world}, device={self.device}, allocator={self.allocator_name}, "
+                f"heap_size={self.heap.size})")
+
+
+def iris(heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,
+         timeout: Optional[float] = None) -> Iris:
+    """Create this job's symmetric heap. Collective: every rank calls it with the same arguments."""
+    return Iris(heap_size, allocator, platform, timeout)

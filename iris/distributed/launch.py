@@ -1,0 +1,121 @@
+"""iris's own launcher: `python -m iris.run -n N script.py` and iris.spawn(fn, nprocs) for tests."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Callable, List, Sequence
+
+from ..errors import BootstrapError
+from .bootstrap import job_secret
+
+
+def job_env(rank: int, world: int, socket_dir: str, secret: str) -> dict:
+    env = {"IRIS_RANK": str(rank), "IRIS_WORLD_SIZE": str(world), "IRIS_LOCAL_RANK": str(rank),
+           "IRIS_SOCKET_DIR": socket_dir, "IRIS_JOB_SECRET": secret}
+    from ..platform import detect
+    if detect() == "host":
+        env.setdefault("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+    return env
+
+
+def _check_nprocs(nprocs) -> int:
+    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
+        raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
+    return nprocs
+
+
+def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0) -> int:
+    """Run `python argv...` as nprocs ranks; if one fails, stop the rest. Returns the job's exit code."""
+    nprocs = _check_nprocs(nprocs)
+    socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
+    procs = []
+    try:
+        for r in range(nprocs):
+            env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret))
+            procs.append(subprocess.Popen([sys.executable, *argv], env=env))
+        code = 0
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed:
+                code = failed[0].returncode
+                deadline = time.monotonic() + grace
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.05)
+                for p in procs:
+                    if p.poll() is None:
+                        print(f"iris.run: stopping pid {p.pid} after a rank failed", file=sys.stderr)
+                        p.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.05)
+        for p in procs:
+            p.wait()
+        return code or next((p.returncode for p in procs if p.returncode), 0)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def _child(fn, args, rank, world, socket_dir, secret, results):
+    os.environ.update(job_env(rank, world, socket_dir, secret))
+    try:
+        results.put((rank, True, fn(*args)))
+    except BaseException as e:  # report every failure to the parent, then exit non-zero
+        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        raise SystemExit(1)
+
+
+def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -> List:
+    """Run fn(*args) on nprocs ranks in fresh processes; returns each rank's result in rank order.
+
+    fn must be importable (defined at module level). A rank that raises or dies fails the whole call.
+    """
+    nprocs = _check_nprocs(nprocs)
+    ctx = mp.get_context("spawn")
+    socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, args, r, nprocs, socket_dir, secret, results), daemon=True)
+             for r in range(nprocs)]
+    out, errors = {}, []
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while len(out) + len(errors) < nprocs:
+            try:
+                rank, ok, value = results.get(timeout=0.2)
+                (out.__setitem__(rank, value) if ok else errors.append((rank, value)))
+                continue
+            except queue.Empty:
+                pass
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out
+                    and all(r != e[0] for e in errors)]
+            if dead and results.empty():
+                time.sleep(0.2)  # a result may still be in flight
+                if results.empty():
+                    errors += [(r, f"died with exit code {procs[r].exitcode}") for r in dead]
+            if time.monotonic() > deadline:
+                missing = [r for r in range(nprocs) if r not in out and all(r != e[0] for e in errors)]
+                raise BootstrapError(f"iris.spawn: ranks {missing} did not finish within {timeout:.0f} s", missing)
+        if errors:
+            errors.sort()
+            raise RuntimeError("iris.spawn: " + "\n".join(f"rank {r} failed: {msg}" for r, msg in errors))
+        return [out[r] for r in range(nprocs)]
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 0.5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results.close()
+        results.join_thread()
+        shutil.rmtree(socket_dir, ignore_errors=True)

@@ -1,0 +1,35 @@
+"""One small tree of errors: everything iris raises on purpose is an IrisError."""
+
+
+class IrisError(Exception):
+    """Base of every error iris raises on purpose."""
+
+
+class DriverError(IrisError, RuntimeError):
+    """A driver call failed; names the call and the driver's code."""
+
+    def __init__(self, call: str, code, detail: str = "", oom: bool = False):
+        self.call, self.code, self.oom = call, code, oom
+        msg = f"{call} failed with {code}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class HeapOutOfMemory(IrisError, MemoryError):
+    """The heap (or the device behind it) cannot back a request; the heap stays usable."""
+
+    def __init__(self, requested: int, free: int, heap_size: int, hint: str = ""):
+        self.requested, self.free, self.heap_size = requested, free, heap_size
+        msg = (f"cannot allocate {requested} bytes: {free} bytes free in a heap of {heap_size} bytes")
+        super().__init__(msg + ". " + (hint or "Free tensors with ctx.free() or create the heap with a larger heap_size."))
+
+
+class BootstrapError(IrisError, RuntimeError):
+    """Ranks could not meet: names who did not arrive, or who left."""
+
+    def __init__(self, message: str, missing=()):
+        self.missing = tuple(missing)
+        super().__init__(message)
+
+
+class SymmetryError(IrisError, RuntimeError):
+    """Ranks made different collective allocations; the heap refused to diverge."""

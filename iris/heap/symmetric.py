@@ -1,0 +1,181 @@
+"""SymmetricHeap: one allocator's memory, a view of every peer's, and heap_bases for kernels."""
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ..errors import BootstrapError, HeapOutOfMemory, SymmetryError
+from ..platform import IpcHandle
+from .views import bytes_at
+
+
+def _close_all(fds) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+class SymmetricHeap:
+    """Peers see each other's heap: a VMM heap maps each peer's segments into a reserved range of
+    the same size; a plain block is opened once through IPC. Creating it is collective."""
+
+    def __init__(self, allocator, driver, group, device: torch.device):
+        self.alloc, self.driver, self.group, self.device = allocator, driver, group, device
+        self.rank, self.world, self.size = group.rank, group.world, allocator.size
+        self.peers = [p for p in range(self.world) if p != self.rank]
+        self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
+        self._peer_va: Dict[int, int] = {}
+        with ExitStack() as undo:
+            if allocator.vmm:
+                for p in self.peers:
+                    self._peer_va[p] = driver.reserve(self.size)
+                    undo.callback(driver.free_va, self._peer_va[p], self.size)
+            else:
+                self._open_peer_blocks(undo)
+            self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
+            self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=device)
+            self.views = [bytes_at(b, self.size, device) for b in self.bases]
+            undo.pop_all()
+        self.closed = False
+
+    def _open_peer_blocks(self, undo: ExitStack) -> None:
+        mine = self.driver.ipc_export(self.alloc.base, self.size)
+        own_fds = [mine.fd] if mine.fd is not None else []
+        try:
+            objs, fds = self.group.exchange((mine.data, mine.offset, mine.size), own_fds, "heap ipc open")
+        finally:
+            _close_all(own_fds)
+        for p in self.peers:
+            data, offset, size = objs[p]
+            try:
+                ptr = self.driver.ipc_open(IpcHandle(data, offset, size, fds[p][0] if fds[p] else None))
+            finally:
+                _close_all(fds[p])
+            undo.callback(self.driver.ipc_close, ptr, size)
+            self._peer_va[p] = ptr
+
+    # -- allocation --------------------------------------------------------
+    def allocate(self, nbytes: int, align: int = 256) -> int:
+        """Offset of a new block of nbytes. Collective: all ranks, same order, same sizes."""
+        try:
+            offset, new = self.alloc.allocate(max(nbytes, 1), align)
+        except HeapOutOfMemory as e:
+            if getattr(e, "during_growth", False):
+                self._grow(nbytes, None, None)  # peers grew; tell them this rank could not
+            raise
+        if new:
+            self._grow(nbytes, offset, new)
+        return offset
+
+    def _grow(self, nbytes: int, offset: Optional[int], new) -> None:
+        """One batched exchange: every rank's new segments, mapped into each peer's view."""
+        desc = None if new is None else (nbytes, offset, [(s.offset, s.size) for s in new])
+        own = [self.driver.export(s.handle) for s in new or ()]
+        try:
+            objs, fds = self.group.exchange(desc, own, "heap growth")
+        finally:
+            _close_all(own)
+        received = [fd for p in self.peers for fd in fds[p]]
+        try:
+            if desc is None:
+                return
+            failed = [p for p in self.peers if objs[p] is None]
+            diverged = [p for p in self.peers if objs[p] is not None and objs[p] != desc]
+            if failed or diverged:
+                self.alloc.undo(offset, new)
+                if failed:
+                    raise HeapOutOfMemory(nbytes, self.alloc.offsets.free_bytes, self.size,
+                                          f"Ranks {failed} could not back it: their devices are out of memory. "
+                                          "Free tensors and call ctx.trim() on every rank.")
+                raise SymmetryError(f"rank {self.rank} allocated {nbytes} bytes at offset {offset}, but ranks "
+                                    f"{diverged} made a different allocation ({[objs[p] for p in diverged]}); every "
+                                    "rank must allocate the same sizes in the same order")
+            with ExitStack() as undo:
+                for p in self.peers:
+                    for (off, size), fd in zip(objs[p][2], fds[p]):
+                        self._import(p, off, size, fd, undo)
+                undo.pop_all()
+        finally:
+            _close_all(received)
+
+    def _import(self, peer: int, offset: int, size: int, fd: int, undo: ExitStack) -> None:
+        d, va = self.driver, self._peer_va[peer] + offset
+        handle = d.import_(fd)
+        undo.callback(d.release, handle)
+        d.map(va, size, handle)
+        undo.callback(d.unmap, va, size)
+        d.set_access(va, size)
+        self._imports[peer][offset] = (handle, size)
+        undo.callback(self._imports[peer].pop, offset)
+
+    def free(self, offset: int) -> int:
+        """Give a block back for reuse. Collective: all ranks, same order."""
+        return self.alloc.free(offset)
+
+    def trim(self) -> int:
+        """Give segments without live data back to the device on every rank; returns bytes released.
+        Collective: all ranks."""
+        segments = self.alloc.trimmable()
+        desc = [(s.offset, s.size) for s in segments]
+        diverged = [p for p, d in enumerate(self.group.allgather(desc, "trim")) if d != desc]
+        if diverged:
+            raise SymmetryError(f"trim: ranks {diverged} hold different free segments than rank {self.rank}; "
+                                "the ranks' allocations have diverged")
+        self._drop_peer_views(desc)
+        self.alloc.release(segments)
+        return sum(size for _, size in desc)
+
+    def _drop_peer_views(self, desc: Sequence[tuple], peers: Optional[List[int]] = None) -> None:
+        for p in self.peers if peers is None else peers:
+            for offset, size in desc:
+                handle, _ = self._imports[p].pop(offset)
+                self.driver.unmap(self._peer_va[p] + offset, size)
+                self.driver.release(handle)
+
+    # -- views -------------------------------------------------------------
+    def tensor(self, offset: int, shape, dtype: torch.dtype, rank: Optional[int] = None) -> torch.Tensor:
+        """The tensor at offset in rank's heap as seen from this process (default: our own)."""
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        view = self.views[self.rank if rank is None else rank]
+        return view[offset:offset + n].view(dtype).view(shape)
+
+    def offset_of(self, t: torch.Tensor) -> int:
+        """Byte offset of t's first element in this rank's heap; raises if t is not on the heap."""
+        offset = t.data_ptr() - self.bases[self.rank]
+        if not 0 <= offset < self.size or t.device != self.device:
+            raise ValueError(f"tensor at {t.data_ptr():#x} on {t.device} is not on this rank's symmetric heap "
+                             f"[{self.bases[self.rank]:#x}, +{self.size}) on {self.device}; allocate it with the "
+                             "context's factories (ctx.empty, ctx.zeros, ...) or import it with ctx.as_symmetric")
+        return offset
+
+    def contains(self, t: torch.Tensor) -> bool:
+        if t.device != self.device:
+            return False
+        start = t.data_ptr() - self.bases[self.rank]
+        span = 0 if t.numel() == 0 else sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
+        return 0 <= start and start + span * t.element_size() <= self.size
+
+    # -- lifetime ----------------------------------------------------------
+    def close(self) -> None:
+        """Unmap peers, release memory, leave the group; idempotent. Collective when peers are alive."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.group.barrier("close")
+        except (BootstrapError, OSError):
+            pass  # a peer is gone: still release what this rank holds
+        try:
+            if self.alloc.vmm:
+                for p in self.peers:
+                    self._drop_peer_views([(off, size) for off, (_, size) in self._imports[p].items()], [p])
+                    self.driver.free_va(self._peer_va[p], self.size)
+            else:
+                for p in self.peers:
+                    self.driver.ipc_close(self._peer_va[p], self.size)
+            self.alloc.close()
+        finally:
+            self.views, self.heap_bases = None, None
+            self.group.close()
