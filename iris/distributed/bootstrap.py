@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from datetime import timedelta
 
 from ..errors import BootstrapError
@@ -69,8 +70,17 @@ def _from_mpi(seq, timeout):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
-    info = {"path": os.path.join(private_dir(), f"g{seq}.sock"), "secret": job_secret()} if rank == 0 else None
-    info = comm.bcast(info, root=0)
+    buf = bytearray(1024)  # nonblocking broadcast, so a missing rank 0 times out instead of hanging
+    if rank == 0:
+        info = json.dumps({"path": os.path.join(private_dir(), f"g{seq}.sock"), "secret": job_secret()}).encode()
+        buf[:len(info)] = info
+    request, deadline = comm.Ibcast(buf, root=0), time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() > deadline:
+            request.Cancel()
+            raise BootstrapError(f"rank {rank}: rank 0 did not publish the rendezvous over MPI within {timeout:.1f} s", [0])
+        time.sleep(0.001)
+    info = json.loads(bytes(buf).rstrip(b"\0"))
     return Group(rank, world, info["path"], info["secret"], timeout)
 
 

@@ -15,7 +15,7 @@ import struct
 import time
 from typing import Any, List, Sequence, Tuple
 
-from ..errors import BootstrapError
+from ..errors import BootstrapError, SymmetryError
 
 _HEADER = struct.Struct("!QI")
 _FDS_PER_MSG = 250  # under the kernel's SCM_MAX_FD (253)
@@ -149,7 +149,8 @@ class Group:
                     self._peers.pop(r).close()
                     self._fail(f"rank {r} left the job during {what}", [r])
                 if tag != what:
-                    self._fail(f"rank {r} called {tag} while rank 0 called {what}: collectives out of order", [r])
+                    self._fail(f"rank {r} is at {tag} while rank 0 is at {what}: the ranks' collective calls "
+                               "diverged (same calls, same order, same sizes on every rank)", [r], SymmetryError)
                 del pending[r]
         counts = [len(f) for f in all_fds]
         for r, conn in self._peers.items():
@@ -193,19 +194,21 @@ class Group:
         except (OSError, EOFError) as e:
             raise BootstrapError(f"rank {self.rank}: rank 0 left the job during {what} ({e})", [0]) from None
         if tag == "error":
-            message, missing = payload
+            message, missing, kind = payload
+            if kind == "SymmetryError":
+                raise SymmetryError(f"rank {self.rank}: {message}")
             raise BootstrapError(f"rank {self.rank}: {message}", missing)
         return payload
 
-    def _fail(self, message: str, missing) -> None:
+    def _fail(self, message: str, missing, kind=BootstrapError) -> None:
         for conn in self._peers.values():
             try:
                 conn.settimeout(1.0)
-                send_msg(conn, ("error", (message, list(missing))))
+                send_msg(conn, ("error", (message, list(missing), kind.__name__)))
             except OSError:
                 pass
         self.close()
-        raise BootstrapError(f"rank 0: {message}", missing)
+        raise kind(f"rank 0: {message}") if kind is SymmetryError else kind(f"rank 0: {message}", missing)
 
     def close(self) -> None:
         """Drop every connection; idempotent."""

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import BootstrapError, HeapOutOfMemory, SymmetryError
 from ..platform import IpcHandle
+from .symmetry import SymmetryCheck, mode_from_env
 from .views import bytes_at
 
 
@@ -25,6 +26,8 @@ class SymmetricHeap:
         self.alloc, self.driver, self.group, self.device = allocator, driver, group, device
         self.rank, self.world, self.size = group.rank, group.world, allocator.size
         self.peers = [p for p in range(self.world) if p != self.rank]
+        self.symmetry = SymmetryCheck(mode_from_env())
+        self.stats = {"allocations": 0, "frees": 0, "growths": 0, "exchanges": 0, "trims": 0}
         self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
         self._peer_va: Dict[int, int] = {}
         with ExitStack() as undo:
@@ -59,28 +62,40 @@ class SymmetricHeap:
     # -- allocation --------------------------------------------------------
     def allocate(self, nbytes: int, align: int = 256) -> int:
         """Offset of a new block of nbytes. Collective: all ranks, same order, same sizes."""
+        call = f"allocate({nbytes}, align={align})"
+        if self.symmetry.mode == "full":
+            self.check_symmetry(call)
         try:
             offset, new = self.alloc.allocate(max(nbytes, 1), align)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
-                self._grow(nbytes, None, None)  # peers grew; tell them this rank could not
+                self._grow(nbytes, None, None, call)  # peers grew; tell them this rank could not
             raise
         if new:
-            self._grow(nbytes, offset, new)
+            self._grow(nbytes, offset, new, call)
+        self.symmetry.record(call)
+        self.stats["allocations"] += 1
         return offset
 
-    def _grow(self, nbytes: int, offset: Optional[int], new) -> None:
+    def _grow(self, nbytes: int, offset: Optional[int], new, call: str) -> None:
         """One batched exchange: every rank's new segments, mapped into each peer's view."""
         desc = None if new is None else (nbytes, offset, [(s.offset, s.size) for s in new])
         own = [self.driver.export(s.handle) for s in new or ()]
         try:
-            objs, fds = self.group.exchange(desc, own, "heap growth")
+            objs, fds = self.group.exchange((desc, self.symmetry.token(call)), own, "heap growth")
         finally:
             _close_all(own)
+        self.stats["exchanges"] += 1
+        objs, tokens = [o[0] for o in objs], [o[1] for o in objs]
         received = [fd for p in self.peers for fd in fds[p]]
         try:
             if desc is None:
                 return
+            try:
+                self.symmetry.compare(tokens, self.rank, "a heap growth")
+            except SymmetryError:
+                self.alloc.undo(offset, new)
+                raise
             failed = [p for p in self.peers if objs[p] is None]
             diverged = [p for p in self.peers if objs[p] is not None and objs[p] != desc]
             if failed or diverged:
@@ -97,6 +112,7 @@ class SymmetricHeap:
                     for (off, size), fd in zip(objs[p][2], fds[p]):
                         self._import(p, off, size, fd, undo)
                 undo.pop_all()
+            self.stats["growths"] += 1
         finally:
             _close_all(received)
 
@@ -112,19 +128,30 @@ class SymmetricHeap:
 
     def free(self, offset: int) -> int:
         """Give a block back for reuse. Collective: all ranks, same order."""
-        return self.alloc.free(offset)
+        size = self.alloc.free(offset)
+        self.symmetry.record(f"free(offset={offset})")
+        self.stats["frees"] += 1
+        return size
+
+    def check_symmetry(self, pending: str = "", what: str = "barrier") -> None:
+        """Compare every rank's call digest; doubles as a barrier. Collective: all ranks."""
+        tokens = self.group.allgather(self.symmetry.token(pending), what)
+        self.symmetry.compare(tokens, self.rank, f"{what} before {pending}" if pending else what)
 
     def trim(self) -> int:
         """Give segments without live data back to the device on every rank; returns bytes released.
         Collective: all ranks."""
         segments = self.alloc.trimmable()
         desc = [(s.offset, s.size) for s in segments]
-        diverged = [p for p, d in enumerate(self.group.allgather(desc, "trim")) if d != desc]
+        got = self.group.allgather((desc, self.symmetry.token("trim()")), "trim")
+        self.symmetry.compare([g[1] for g in got], self.rank, "trim")
+        diverged = [p for p, g in enumerate(got) if g[0] != desc]
         if diverged:
             raise SymmetryError(f"trim: ranks {diverged} hold different free segments than rank {self.rank}; "
                                 "the ranks' allocations have diverged")
         self._drop_peer_views(desc)
         self.alloc.release(segments)
+        self.stats["trims"] += 1
         return sum(size for _, size in desc)
 
     def _drop_peer_views(self, desc: Sequence[tuple], peers: Optional[List[int]] = None) -> None:
@@ -141,11 +168,16 @@ class SymmetricHeap:
         view = self.views[self.rank if rank is None else rank]
         return view[offset:offset + n].view(dtype).view(shape)
 
+    @staticmethod
+    def address(t: torch.Tensor) -> int:
+        """Where t's first element is, also for a tensor with no elements (whose data_ptr() is 0)."""
+        return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+
     def offset_of(self, t: torch.Tensor) -> int:
         """Byte offset of t's first element in this rank's heap; raises if t is not on the heap."""
-        offset = t.data_ptr() - self.bases[self.rank]
+        offset = self.address(t) - self.bases[self.rank]
         if not 0 <= offset < self.size or t.device != self.device:
-            raise ValueError(f"tensor at {t.data_ptr():#x} on {t.device} is not on this rank's symmetric heap "
+            raise ValueError(f"tensor at {self.address(t):#x} on {t.device} is not on this rank's symmetric heap "
                              f"[{self.bases[self.rank]:#x}, +{self.size}) on {self.device}; allocate it with the "
                              "context's factories (ctx.empty, ctx.zeros, ...) or import it with ctx.as_symmetric")
         return offset
@@ -153,7 +185,7 @@ class SymmetricHeap:
     def contains(self, t: torch.Tensor) -> bool:
         if t.device != self.device:
             return False
-        start = t.data_ptr() - self.bases[self.rank]
+        start = self.address(t) - self.bases[self.rank]
         span = 0 if t.numel() == 0 else sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
         return 0 <= start and start + span * t.element_size() <= self.size
 

@@ -1,0 +1,160 @@
+"""CUDA driver: the VMM calls of the CUDA driver API through cuda-bindings (cuda.bindings.driver).
+
+Physical memory is cuMemCreate'd with a POSIX fd handle type so peers can import it; VAs come
+from cuMemAddressReserve. Everything runs in the device's primary context, the one PyTorch uses.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+from cuda.bindings import driver as cu
+
+from ..errors import DriverError
+from .driver import IpcHandle
+
+_POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+def _check(call: str, result):
+    """Unpack cuda-bindings' (CUresult, *values): raise DriverError naming the call, else the value(s)."""
+    err, *values = result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, msg = cu.cuGetErrorString(err)
+        detail = msg.decode() if isinstance(msg, bytes) else str(msg or "")
+        raise DriverError(call, err.name, detail, oom=err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
+    return values[0] if len(values) == 1 else tuple(values) if values else None
+
+
+class CudaDriver:
+    """NVIDIA GPUs through cuda-bindings; handles are CUmemGenericAllocationHandle objects."""
+
+    name = "cuda"
+    torch_device = "cuda"
+
+    def __init__(self):
+        self._ordinal: Optional[int] = None
+        self._dev = None
+        self._ctx: Dict[int, object] = {}            # ordinal -> retained primary context
+        self._ipc: Dict[int, List[object]] = {}       # ipc_open pointer -> opened bases (opens may repeat)
+
+    # -- device ------------------------------------------------------------
+    def device_count(self) -> int:
+        _check("cuInit", cu.cuInit(0))
+        return _check("cuDeviceGetCount", cu.cuDeviceGetCount())
+
+    def set_device(self, index: int) -> None:
+        """Make device `index`'s primary context current in this thread (PyTorch shares it)."""
+        _check("cuInit", cu.cuInit(0))
+        dev = _check("cuDeviceGet", cu.cuDeviceGet(index))
+        if index not in self._ctx:  # retain once per device; the driver counts retains
+            self._ctx[index] = _check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(dev))
+        _check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self._ctx[index]))
+        self._ordinal, self._dev = index, dev
+
+    def _device(self) -> int:
+        """The ordinal set by set_device, device 0 until one is set."""
+        if self._ordinal is None:
+            self.set_device(0)
+        return self._ordinal
+
+    def mem_info(self):
+        self._device()
+        free, total = _check("cuMemGetInfo", cu.cuMemGetInfo())
+        return free, total
+
+    # -- virtual memory ----------------------------------------------------
+    def _prop(self) -> "cu.CUmemAllocationProp":
+        """Pinned device memory on the current device, exportable as a POSIX fd."""
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE  # nested struct is a view (cuda.core sets it so)
+        prop.location.id = self._device()
+        prop.requestedHandleTypes = _POSIX_FD
+        return prop
+
+    def granularity(self) -> int:
+        flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        return _check("cuMemGetAllocationGranularity", cu.cuMemGetAllocationGranularity(self._prop(), flag))
+
+    def reserve(self, size: int) -> int:
+        return int(_check("cuMemAddressReserve", cu.cuMemAddressReserve(size, self.granularity(), 0, 0)))
+
+    def free_va(self, va: int, size: int) -> None:
+        _check("cuMemAddressFree", cu.cuMemAddressFree(va, size))
+
+    def create(self, size: int):
+        return _check("cuMemCreate", cu.cuMemCreate(size, self._prop(), 0))
+
+    def release(self, handle) -> None:
+        _check("cuMemRelease", cu.cuMemRelease(handle))
+
+    def map(self, va: int, size: int, handle, offset: int = 0) -> None:
+        if offset != 0:
+            raise ValueError(f"cuMemMap maps whole allocations: offset must be 0, got {offset}; map at va + offset instead")
+        _check("cuMemMap", cu.cuMemMap(va, size, 0, handle, 0))
+
+    def unmap(self, va: int, size: int) -> None:
+        _check("cuMemUnmap", cu.cuMemUnmap(va, size))
+
+    def set_access(self, va: int, size: int, devices: Optional[Sequence[int]] = None) -> None:
+        descs = []
+        for ordinal in [self._device()] if devices is None else devices:
+            d = cu.CUmemAccessDesc()
+            d.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            d.location.id = int(ordinal)
+            d.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            descs.append(d)
+        _check("cuMemSetAccess", cu.cuMemSetAccess(va, size, descs, len(descs)))
+
+    # -- sharing -----------------------------------------------------------
+    def export(self, handle) -> int:
+        # For POSIX_FILE_DESCRIPTOR cuda-bindings returns the fd as an int (_HelperCUmemAllocationHandleType).
+        return _check("cuMemExportToShareableHandle", cu.cuMemExportToShareableHandle(handle, _POSIX_FD, 0))
+
+    def import_(self, fd: int):
+        """The driver reads the fd and leaves it open; the caller still owns and closes it."""
+        # The fd travels as the pointer value, (void*)(uintptr_t)fd: cuda-bindings casts an int
+        # osHandle straight to void* (_helper_input_void_ptr in cuda/bindings/_lib/utils.pxi).
+        return _check("cuMemImportFromShareableHandle", cu.cuMemImportFromShareableHandle(fd, _POSIX_FD))
+
+    def retain(self, ptr: int):
+        """(handle, base, size) of the allocation behind ptr, None when it is not VMM memory.
+
+        For VMM memory cuMemGetAddressRange answers with the one mapped allocation holding ptr
+        (a single cuMemCreate chunk, e.g. one expandable-segments page), not the whole reservation.
+        """
+        try:
+            handle = _check("cuMemRetainAllocationHandle", cu.cuMemRetainAllocationHandle(ptr))
+        except DriverError as e:
+            if e.code == cu.CUresult.CUDA_ERROR_INVALID_VALUE.name:  # plain cuMemAlloc/cudaMalloc memory
+                return None
+            raise
+        try:
+            base, size = _check("cuMemGetAddressRange", cu.cuMemGetAddressRange(ptr))
+        except BaseException:
+            self.release(handle)
+            raise
+        return handle, int(base), int(size)
+
+    def ipc_export(self, ptr: int, size: int) -> IpcHandle:
+        base, _ = _check("cuMemGetAddressRange", cu.cuMemGetAddressRange(ptr))
+        handle = _check("cuIpcGetMemHandle", cu.cuIpcGetMemHandle(base))
+        return IpcHandle(bytes(handle.reserved), ptr - int(base), size)  # .reserved: the 64 bytes
+
+    def ipc_open(self, handle: IpcHandle) -> int:
+        h = cu.CUipcMemHandle()
+        h.reserved = handle.data  # setter takes 64 bytes (CUipcMemHandle_st in driver.pyx)
+        flags = cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+        base = _check("cuIpcOpenMemHandle", cu.cuIpcOpenMemHandle(h, int(flags)))
+        ptr = int(base) + handle.offset
+        self._ipc.setdefault(ptr, []).append(base)
+        return ptr
+
+    def ipc_close(self, ptr: int, size: int) -> None:
+        bases = self._ipc.get(ptr)
+        if not bases:
+            raise ValueError(f"ipc_close({ptr:#x}): that pointer did not come from ipc_open on this driver")
+        _check("cuIpcCloseMemHandle", cu.cuIpcCloseMemHandle(bases[-1]))
+        bases.pop()
+        if not bases:
+            del self._ipc[ptr]
