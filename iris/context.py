@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from numbers import Number
 from typing import Optional
@@ -46,6 +47,7 @@ class Iris:
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
         self.allocator_name = name
+        self._imported = {}  # (address, nbytes, dtype, shape) of an imported tensor -> its heap view
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout)
         self.rank, self.world = self.group.rank, self.group.world
@@ -86,7 +88,7 @@ class Iris:
         """Waits for this rank's device work, then for every rank. Collective: all ranks."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.heap.group.barrier()
+        self.heap.check_symmetry()
 
     # -- memory ------------------------------------------------------------
     def is_symmetric(self, t: torch.Tensor) -> bool:
@@ -104,7 +106,9 @@ class Iris:
 
     def free(self, t: torch.Tensor) -> None:
         """Give t's block back for reuse. Collective: all ranks free the same tensors in the same order."""
-        self.heap.free(self.heap.offset_of(t))
+        offset = self.heap.offset_of(t)
+        self.heap.free(offset)
+        self._imported = {k: v for k, v in self._imported.items() if self.heap.offset_of(v) != offset}
 
     def trim(self) -> int:
         """Give memory with no live tensor back to the device; returns bytes released. Collective."""
@@ -219,6 +223,60 @@ class Iris:
         return self._random((size,) if isinstance(size, int) else size,
                             lambda t: t.random_(low, high, generator=generator), dtype, device, out, requires_grad)
 
+    # -- importing existing tensors ----------------------------------------
+    def as_symmetric(self, t: torch.Tensor, copy: Optional[bool] = None) -> torch.Tensor:
+        """A heap tensor with t's contents. Collective: all ranks, the same tensors in the same order.
+
+        Zero copy where t's memory is VMM-backed (PyTorch with expandable_segments:True, cuMem
+        allocations, another heap; shared memory on the host) and the heap is vmem: the result
+        aliases t. Otherwise copy=None copies with a warning, copy=False raises, copy=True always
+        copies. ctx.is_zero_copy(result) tells which. Importing t again returns the same view.
+        """
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"as_symmetric takes a torch.Tensor, got {type(t).__name__}")
+        if t.device != self.device:
+            raise ValueError(f"as_symmetric: the tensor is on {t.device} but this rank's heap is on {self.device}; "
+                             f"move it first (t.to('{self.device}'))")
+        if not t.is_contiguous():
+            raise ValueError("as_symmetric needs a contiguous tensor (its bytes must be one range); "
+                             "call t.contiguous() first, which copies")
+        if copy not in (None, True, False):
+            raise TypeError(f"copy must be None, True or False, got {copy!r}")
+        if self.heap.contains(t):
+            return t
+        nbytes, addr = t.numel() * t.element_size(), self.heap.address(t)
+        key = (addr, nbytes, t.dtype, tuple(t.shape))
+        if key in self._imported:
+            return self._imported[key]
+        call = f"as_symmetric({tuple(t.shape)}, {t.dtype})"
+        offset = None
+        if self.heap.alloc.vmm and copy is not True:
+            found = self.heap.retain(addr, nbytes) if nbytes else None
+            parts, lead = found if found else (None, 0)
+            offset = self.heap.adopt(parts, lead, (tuple(t.shape), str(t.dtype)), call)
+            if offset is None and parts:
+                for _, _, handle in parts:
+                    self.driver.release(handle)
+        if offset is not None:
+            out = self.heap.tensor(offset, t.shape, t.dtype)
+        else:
+            why = ("the torch allocator cannot map memory it did not allocate; use allocator='vmem'"
+                   if not self.heap.alloc.vmm else
+                   "its memory (on some rank) is not VMM-backed; on GPUs set "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch allocates it, on the host "
+                   "use t.share_memory_()")
+            if copy is False:
+                raise ValueError(f"{call}: zero copy is impossible: {why}")
+            if copy is None:
+                warnings.warn(f"{call} copied {nbytes} bytes into the heap: {why}", stacklevel=2)
+            out = self._copied(t, None, False)
+        self._imported[key] = out
+        return out
+
+    def is_zero_copy(self, t: torch.Tensor) -> bool:
+        """Whether t is a heap view that aliases memory imported by as_symmetric."""
+        return self.heap.contains(t) and self.heap.offset_of(t) in self.heap._adopted
+
     @contextmanager
     def scope(self):
         """Frees, at exit, every tensor the factories allocated inside. Collective: all ranks."""
@@ -244,6 +302,19 @@ class Iris:
     def __repr__(self) -> str:
         return (f"Iris(rank={self.rank}, world={self.world}, device={self.device}, allocator={self.allocator_name}, "
                 f"heap_size={self.heap.size})")
+
+    # -- device barrier (iris/device/sync.py) -------------------------------
+    def device_barrier(self) -> None:
+        """Barrier of every rank that runs on the device, in stream order: no host round trip, and
+        capturable in a CUDA graph. Collective: all ranks. The first call allocates its flags on the
+        heap and meets the other ranks on the host, so make it before capturing a graph."""
+        from .device.sync import barrier_kernel
+        flags = getattr(self, "_barrier_flags", None)
+        if flags is None or self.heap.offset_of(flags) not in self.heap.alloc.offsets.live:  # new, or freed by scope()
+            self._barrier_flags = flags = self.zeros(self.world + 1, dtype=torch.int64)
+            self.barrier()  # no rank may signal into flags that a peer has not zeroed yet
+        barrier_kernel[(1,)](flags, self.rank, self.world, self.heap.heap_bases,
+                             BLOCK=max(2, 1 << (self.world - 1).bit_length()), num_warps=1)
 
 
 def iris(heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,

@@ -32,13 +32,15 @@ class Offsets:
     def largest_free(self) -> int:
         return max(self._sizes, default=0)
 
-    def allocate(self, size: int, align: int = 1) -> Optional[int]:
-        """The lowest aligned offset with room for size bytes, or None when nothing fits."""
+    def allocate(self, size: int, align: int = 1, top: bool = False) -> Optional[int]:
+        """The lowest (or with top, the highest) aligned offset with room for size bytes, or None."""
         if size <= 0 or align <= 0 or align & (align - 1):
             raise ValueError(f"size must be positive and align a power of two, got size={size} align={align}")
-        for i, (start, length) in enumerate(zip(self._starts, self._sizes)):
-            at = round_up(start, align)
-            if at + size > start + length:
+        order = range(len(self._starts) - 1, -1, -1) if top else range(len(self._starts))
+        for i in order:
+            start, length = self._starts[i], self._sizes[i]
+            at = (start + length - size) // align * align if top else round_up(start, align)
+            if at < start or at + size > start + length:
                 continue
             del self._starts[i], self._sizes[i]
             if at + size < start + length:

@@ -19,6 +19,7 @@ class Segment:
     offset: int
     size: int
     handle: Any
+    foreign: bool = False  # memory someone else allocated, mapped here by as_symmetric
 
 
 class VMemAllocator:
@@ -103,9 +104,39 @@ class VMemAllocator:
     def free(self, offset: int) -> int:
         return self.offsets.free(offset)
 
+    def adopt(self, parts: List[Tuple[int, int, Any]], span: int) -> Tuple[int, List[Segment]]:
+        """Map foreign handles, (offset in region, size, handle) each, into a fresh region of span bytes.
+
+        The region is taken from the top of the heap, where our own segments rarely reach; it must
+        hold none of them. The handles become the heap's to release.
+        """
+        span = round_up(span, self.chunk)
+        region = self.offsets.allocate(span, self.chunk, top=True)
+        if region is None or any(s.offset < region + span and region < s.offset + s.size for s in self.segments):
+            if region is not None:
+                self.offsets.free(region)
+            raise HeapOutOfMemory(span, self.offsets.free_bytes, self.size,
+                                  "No unbacked region is left to map the tensor into; trim or enlarge the heap.")
+        segments = []
+        with ExitStack() as undo:
+            undo.callback(self.offsets.free, region)
+            for rel, size, handle in parts:
+                self.driver.map(self.base + region + rel, size, handle)
+                undo.callback(self.driver.unmap, self.base + region + rel, size)
+                segments.append(Segment(region + rel, size, handle, foreign=True))
+            lo, hi = parts[0][0], parts[-1][0] + parts[-1][1]
+            self.driver.set_access(self.base + region + lo, hi - lo)
+            undo.pop_all()
+        for seg in segments:
+            bisect.insort(self.segments, seg, key=lambda s: s.offset)
+        return region, segments
+
+    def segments_in(self, offset: int, size: int) -> List[Segment]:
+        return [s for s in self.segments if offset <= s.offset < offset + size]
+
     def trimmable(self) -> List[Segment]:
         """Segments with no live allocation in them."""
-        return [s for s in self.segments if self.offsets.is_free(s.offset, s.offset + s.size)]
+        return [s for s in self.segments if not s.foreign and self.offsets.is_free(s.offset, s.offset + s.size)]
 
     def release(self, segments: List[Segment]) -> None:
         """Unmap and release segments (the heap has dropped peer views first)."""

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 
 from ..errors import BootstrapError, HeapOutOfMemory, SymmetryError
+from ..allocators.offsets import round_up
 from ..platform import IpcHandle
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import bytes_at
@@ -27,6 +28,7 @@ class SymmetricHeap:
         self.rank, self.world, self.size = group.rank, group.world, allocator.size
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
+        self._adopted: Dict[int, tuple] = {}  # offset of an imported tensor -> (region, span)
         self.stats = {"allocations": 0, "frees": 0, "growths": 0, "exchanges": 0, "trims": 0}
         self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
         self._peer_va: Dict[int, int] = {}
@@ -78,15 +80,18 @@ class SymmetricHeap:
         return offset
 
     def _grow(self, nbytes: int, offset: Optional[int], new, call: str) -> None:
-        """One batched exchange: every rank's new segments, mapped into each peer's view."""
-        desc = None if new is None else (nbytes, offset, [(s.offset, s.size) for s in new])
+        """One batched exchange: every rank's new segments, mapped into each peer's view.
+
+        Ranks agree on (nbytes, offset); each maps a peer's memory by that peer's own segment list."""
+        desc = None if new is None else (nbytes, offset)
         own = [self.driver.export(s.handle) for s in new or ()]
+        layout = [(s.offset, s.size) for s in new or ()]
         try:
-            objs, fds = self.group.exchange((desc, self.symmetry.token(call)), own, "heap growth")
+            objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout), own, "heap growth")
         finally:
             _close_all(own)
         self.stats["exchanges"] += 1
-        objs, tokens = [o[0] for o in objs], [o[1] for o in objs]
+        objs, tokens, layouts = [o[0] for o in objs], [o[1] for o in objs], [o[2] for o in objs]
         received = [fd for p in self.peers for fd in fds[p]]
         try:
             if desc is None:
@@ -109,8 +114,11 @@ class SymmetricHeap:
                                     "rank must allocate the same sizes in the same order")
             with ExitStack() as undo:
                 for p in self.peers:
-                    for (off, size), fd in zip(objs[p][2], fds[p]):
+                    for (off, size), fd in zip(layouts[p], fds[p]):
                         self._import(p, off, size, fd, undo)
+                    if layouts[p]:
+                        lo, hi = layouts[p][0][0], layouts[p][-1][0] + layouts[p][-1][1]
+                        self.driver.set_access(self._peer_va[p] + lo, hi - lo)
                 undo.pop_all()
             self.stats["growths"] += 1
         finally:
@@ -122,12 +130,16 @@ class SymmetricHeap:
         undo.callback(d.release, handle)
         d.map(va, size, handle)
         undo.callback(d.unmap, va, size)
-        d.set_access(va, size)
         self._imports[peer][offset] = (handle, size)
         undo.callback(self._imports[peer].pop, offset)
 
     def free(self, offset: int) -> int:
         """Give a block back for reuse. Collective: all ranks, same order."""
+        if offset in self._adopted:  # an imported tensor: unmap it everywhere, hand its handles back
+            region, span = self._adopted.pop(offset)
+            self._drop_peer_range(region, region + span)
+            self.alloc.release(self.alloc.segments_in(region, span))
+            offset = region
         size = self.alloc.free(offset)
         self.symmetry.record(f"free(offset={offset})")
         self.stats["frees"] += 1
@@ -149,17 +161,62 @@ class SymmetricHeap:
         if diverged:
             raise SymmetryError(f"trim: ranks {diverged} hold different free segments than rank {self.rank}; "
                                 "the ranks' allocations have diverged")
-        self._drop_peer_views(desc)
+        for offset, size in desc:
+            self._drop_peer_range(offset, offset + size)
         self.alloc.release(segments)
         self.stats["trims"] += 1
         return sum(size for _, size in desc)
 
-    def _drop_peer_views(self, desc: Sequence[tuple], peers: Optional[List[int]] = None) -> None:
+    def _drop_peer_range(self, lo: int, hi: int, peers: Optional[List[int]] = None) -> None:
+        """Unmap and release every peer segment that starts in [lo, hi)."""
         for p in self.peers if peers is None else peers:
-            for offset, size in desc:
-                handle, _ = self._imports[p].pop(offset)
+            for offset in [o for o in self._imports[p] if lo <= o < hi]:
+                handle, size = self._imports[p].pop(offset)
                 self.driver.unmap(self._peer_va[p] + offset, size)
                 self.driver.release(handle)
+
+    # -- importing memory allocated elsewhere -------------------------------
+    def retain(self, ptr: int, nbytes: int):
+        """The handles behind [ptr, ptr + nbytes) as (offset from the first handle, size, handle), and
+        ptr's offset in the first; None when any part is not VMM memory (nothing stays retained)."""
+        parts, at = [], ptr
+        try:
+            while at < ptr + nbytes:
+                found = self.driver.retain(at)
+                if found is None:
+                    raise LookupError
+                handle, base, size = found
+                parts.append((base, size, handle))
+                if base + size <= at or (len(parts) > 1 and base != parts[-2][0] + parts[-2][1]):
+                    raise LookupError  # not one contiguous run of whole handles
+                at = base + size
+        except LookupError:
+            for _, _, handle in parts:
+                self.driver.release(handle)
+            return None
+        first = parts[0][0]
+        return [(base - first, size, handle) for base, size, handle in parts], ptr - first
+
+    def adopt(self, parts, lead: int, meta, call: str) -> Optional[int]:
+        """Map every rank's handles so that each rank's tensor lands at one common heap offset, and
+        share them with peers. None (nothing mapped; the caller copies) when a rank cannot.
+        Collective: all ranks, same tensors in the same order."""
+        g = self.alloc.chunk
+        mine = None if parts is None else (lead, parts[-1][0] + parts[-1][1])
+        got = self.group.allgather((mine, meta), "as_symmetric")
+        if any(m != meta for _, m in got):
+            raise SymmetryError(f"{call}: ranks import different tensors: {[m for _, m in got]}")
+        layouts = [m for m, _ in got]
+        if any(m is None for m in layouts) or len({m[0] % g for m in layouts}) > 1:
+            return None
+        top = max(m[0] for m in layouts)  # every rank's tensor lands at region + top
+        span = max(top - m_lead + total for m_lead, total in layouts)
+        shift = top - lead
+        region, segments = self.alloc.adopt([(shift + rel, size, h) for rel, size, h in parts], span)
+        self._grow(span, region, segments, call)
+        self._adopted[region + top] = (region, round_up(span, g))
+        self.symmetry.record(call)
+        return region + top
 
     # -- views -------------------------------------------------------------
     def tensor(self, offset: int, shape, dtype: torch.dtype, rank: Optional[int] = None) -> torch.Tensor:
@@ -202,7 +259,7 @@ class SymmetricHeap:
         try:
             if self.alloc.vmm:
                 for p in self.peers:
-                    self._drop_peer_views([(off, size) for off, (_, size) in self._imports[p].items()], [p])
+                    self._drop_peer_range(0, self.size, [p])
                     self.driver.free_va(self._peer_va[p], self.size)
             else:
                 for p in self.peers:

@@ -1,0 +1,54 @@
+"""What every benchmark shares: the job's process group, the device's name, and the JSON record."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+
+import torch
+import torch.distributed as dist
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def init_torch_distributed() -> tuple[int, int]:
+    """A torch process group over the ranks iris.run (or torchrun) started: NCCL on GPUs, gloo on the host."""
+    if not dist.is_initialized():
+        rank = int(os.environ.get("IRIS_RANK", os.environ.get("RANK", 0)))
+        world = int(os.environ.get("IRIS_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        kwargs = {"device_id": torch.device("cuda", rank % torch.cuda.device_count())} if backend == "nccl" else {}
+        dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return f"{n}x {torch.cuda.get_device_name(0)}"
+    return f"host CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def write_result(name: str, payload: dict, out: str | None = None) -> str:
+    """Write payload with the device, the date and the command to benchmarks/results/ (or out)."""
+    record = {
+        "benchmark": name,
+        "device": device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        **payload,
+    }
+    slug = "gpu" if torch.cuda.is_available() else "host"
+    path = out or os.path.join(RESULTS, f"{name}-{slug}-{record['world_size']}ranks.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+    return path
