@@ -47,7 +47,7 @@ class Iris:
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
         self.allocator_name = name
-        self._imported = {}  # (address, nbytes, dtype, shape) of an imported tensor -> its heap view
+        self._imported = {}  # (address, nbytes, dtype, shape) of an imported tensor -> (heap view, tensor)
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout)
         self.rank, self.world = self.group.rank, self.group.world
@@ -108,7 +108,7 @@ class Iris:
         """Give t's block back for reuse. Collective: all ranks free the same tensors in the same order."""
         offset = self.heap.offset_of(t)
         self.heap.free(offset)
-        self._imported = {k: v for k, v in self._imported.items() if self.heap.offset_of(v) != offset}
+        self._imported = {k: v for k, v in self._imported.items() if self.heap.offset_of(v[0]) != offset}
 
     def trim(self) -> int:
         """Give memory with no live tensor back to the device; returns bytes released. Collective."""
@@ -247,7 +247,7 @@ class Iris:
         nbytes, addr = t.numel() * t.element_size(), self.heap.address(t)
         key = (addr, nbytes, t.dtype, tuple(t.shape))
         if key in self._imported:
-            return self._imported[key]
+            return self._imported[key][0]
         call = f"as_symmetric({tuple(t.shape)}, {t.dtype})"
         offset = None
         if self.heap.alloc.vmm and copy is not True:
@@ -270,8 +270,18 @@ class Iris:
             if copy is None:
                 warnings.warn(f"{call} copied {nbytes} bytes into the heap: {why}", stacklevel=2)
             out = self._copied(t, None, False)
-        self._imported[key] = out
+        self._imported[key] = (out, t)  # holding t keeps its allocator from reusing memory the heap maps
         return out
+
+    def load_safetensors(self, path: str, shard=None, names=None) -> dict:
+        """name -> heap tensor, read from a safetensors file (see iris.weights). Collective."""
+        from .weights import load_safetensors
+        return load_safetensors(self, path, shard, names)
+
+    def module_to_heap(self, module: torch.nn.Module, copy: Optional[bool] = None) -> torch.nn.Module:
+        """Move module's parameters and buffers onto the heap in place (see iris.weights). Collective."""
+        from .weights import module_to_heap
+        return module_to_heap(self, module, copy)
 
     def is_zero_copy(self, t: torch.Tensor) -> bool:
         """Whether t is a heap view that aliases memory imported by as_symmetric."""
@@ -292,6 +302,7 @@ class Iris:
         """Release the heap and leave the job; idempotent. Collective while peers are alive."""
         if getattr(self, "heap", None) is not None:
             self.heap.close()
+            self._imported = {}
 
     def __enter__(self) -> "Iris":
         return self

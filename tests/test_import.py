@@ -1,0 +1,150 @@
+"""as_symmetric, the safetensors loader and module_to_heap on real ranks."""
+import warnings
+
+import pytest
+import torch
+
+import iris
+
+
+def _pattern(n, r=0):
+    return torch.arange(n, dtype=torch.float32) * 3 + 1000 * (r + 1)
+
+
+def rank_zero_copy():
+    ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    t = _pattern(3 << 18, r).share_memory_()
+    h = ctx.as_symmetric(t)
+    res = {"zero_copy": ctx.is_zero_copy(h), "distinct": h.data_ptr() != t.data_ptr(),
+           "same_again": ctx.as_symmetric(t) is h, "offset": ctx.heap.offset_of(h)}
+    t[5] = -1.0
+    h[7] = -2.0
+    res["alias"] = float(h[5]) == -1.0 and float(t[7]) == -2.0
+    ctx.barrier()
+    expect = _pattern(3 << 18, (r + 1) % w)
+    expect[5], expect[7] = -1.0, -2.0
+    res["peer"] = torch.equal(ctx.peer_view(h, (r + 1) % w), expect)
+    # a tensor that spans two physical segments of another heap
+    other = iris.iris(heap_size=1 << 26, allocator="vmem")
+    other.empty(1 << 20, dtype=torch.uint8)
+    span = other.full((3 << 18,), 5.0 + r)
+    res["other_segments"] = len(other.heap.alloc.segments)
+    s = ctx.as_symmetric(span)
+    res["span_zero_copy"] = ctx.is_zero_copy(s)
+    ctx.barrier()
+    res["span_peer"] = bool((ctx.peer_view(s, (r + 1) % w) == 5.0 + (r + 1) % w).all())
+    ctx.free(h)
+    res["freed_view_gone"] = not ctx.is_zero_copy(h) if ctx.heap.contains(h) else True
+    ctx.close()
+    res["original_after_close"] = float(t[5]) == -1.0 and float(t[100]) == float(_pattern(101, r)[100])
+    res["other_after_close"] = bool((span == 5.0 + r).all())
+    other.close()
+    return res
+
+
+def test_zero_copy_aliases_and_peers_see_it():
+    out = iris.spawn(rank_zero_copy, 2)
+    for r, res in enumerate(out):
+        assert res["zero_copy"] and res["distinct"] and res["same_again"], res
+        assert res["alias"], "writes through the heap view and the original did not meet"
+        assert res["peer"], f"rank {r} did not read its peer's imported tensor"
+        assert res["other_segments"] >= 2 and res["span_zero_copy"] and res["span_peer"], res
+        assert res["original_after_close"] and res["other_after_close"]
+    assert out[0]["offset"] == out[1]["offset"], "imported tensors must sit at the same offset on every rank"
+
+
+def rank_copy_paths(allocator):
+    ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
+    plain = _pattern(1000, ctx.get_rank())
+    res = {}
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        c = ctx.as_symmetric(plain)
+    res["warned"] = [str(w.message) for w in rec]
+    res["copied"] = torch.equal(c, plain) and not ctx.is_zero_copy(c) and c.data_ptr() != plain.data_ptr()
+    plain[0] = -5
+    res["independent"] = float(c[0]) != -5
+    try:
+        ctx.as_symmetric(_pattern(10).share_memory_() if allocator == "torch" else torch.ones(10), copy=False)
+        res["copy_false"] = "no error"
+    except ValueError as e:
+        res["copy_false"] = str(e)
+    shared = _pattern(64).share_memory_()
+    forced = ctx.as_symmetric(shared, copy=True)
+    res["forced_copy"] = not ctx.is_zero_copy(forced) and torch.equal(forced, shared)
+    with pytest.raises(ValueError, match="contiguous"):
+        ctx.as_symmetric(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="is on meta"):
+        ctx.as_symmetric(torch.ones(4, device="meta"))
+    with pytest.raises(TypeError):
+        ctx.as_symmetric([1, 2])
+    res["heap_tensor_is_itself"] = ctx.as_symmetric(c) is c
+    ctx.close()
+    return res
+
+
+@pytest.mark.parametrize("allocator", ["torch", "vmem"])
+def test_copy_paths_and_bad_input(allocator):
+    for res in iris.spawn(rank_copy_paths, 2, args=(allocator,)):
+        assert len(res["warned"]) == 1 and "copied 4000 bytes" in res["warned"][0], res["warned"]
+        hint = "allocator='vmem'" if allocator == "torch" else "expandable_segments:True"
+        assert hint in res["warned"][0]
+        assert res["copied"] and res["independent"] and res["forced_copy"] and res["heap_tensor_is_itself"]
+        assert "zero copy is impossible" in res["copy_false"], res["copy_false"]
+
+
+class TinyBlock(torch.nn.Module):
+    def __init__(self, dim=32, hidden=64):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.up = torch.nn.Linear(dim, hidden)
+        self.down = torch.nn.Linear(hidden, dim)
+        self.register_buffer("scale", torch.full((dim,), 0.5))
+
+    def forward(self, x):
+        return x + self.scale * self.down(torch.relu(self.up(self.norm(x))))
+
+
+def rank_weights(path):
+    ctx = iris.iris(heap_size=1 << 24, allocator="vmem")
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    torch.manual_seed(0)
+    ref = TinyBlock()
+    x = torch.randn(4, 32)
+    expect = ref(x)
+    full = ctx.load_safetensors(path)
+    res = {"names": sorted(full), "all_heap": all(ctx.is_symmetric(t) for t in full.values())}
+    res["equal"] = all(torch.equal(full[k], v) for k, v in ref.state_dict().items())
+    half = ctx.load_safetensors(path, shard=lambda name, shape: (slice(r * shape[0] // w, (r + 1) * shape[0] // w),),
+                                names=["up.weight"])
+    ctx.barrier()
+    peer_half = ctx.peer_view(half["up.weight"], (r + 1) % w)
+    q = (r + 1) % w
+    res["shard_peer"] = torch.equal(peer_half, ref.up.weight.detach()[q * 32:(q + 1) * 32])
+    shared = TinyBlock()
+    shared.load_state_dict(ref.state_dict())
+    shared.share_memory()
+    ctx.module_to_heap(shared)
+    tensors = list(shared.parameters()) + list(shared.buffers())
+    res["module_zero_copy"] = all(ctx.is_zero_copy(t) for t in tensors)
+    res["module_forward"] = torch.allclose(shared(x), expect)
+    plain = TinyBlock()
+    plain.load_state_dict(ref.state_dict())
+    ctx.module_to_heap(plain, copy=True)
+    res["plain_on_heap"] = all(ctx.is_symmetric(t) for t in list(plain.parameters()) + list(plain.buffers()))
+    res["plain_forward"] = torch.allclose(plain(x), expect)
+    ctx.close()
+    return res
+
+
+def test_safetensors_loader_and_module_to_heap(tmp_path):
+    from safetensors.torch import save_file
+    torch.manual_seed(0)
+    path = str(tmp_path / "block.safetensors")
+    save_file(TinyBlock().state_dict(), path)
+    for res in iris.spawn(rank_weights, 2, args=(path,)):
+        assert res["names"] == ["down.bias", "down.weight", "norm.bias", "norm.weight", "scale", "up.bias", "up.weight"]
+        assert res["all_heap"] and res["equal"] and res["shard_peer"], res
+        assert res["module_zero_copy"] and res["module_forward"], res
+        assert res["plain_on_heap"] and res["plain_forward"], res
