@@ -1,0 +1,108 @@
+"""Weights made symmetric: zero-copy as_symmetric against a copy into the heap and against torch
+symmetric memory (allocate + copy), in one run: time and extra device bytes for about 8 GB.
+
+    python -m iris.run -n 2 benchmarks/import_weights.py [--gib 8] [--tensor-mib 128]
+
+PyTorch allocates the weights with expandable_segments:True (VMM-backed), as a job that wants
+zero copy would. On the host the weights are shared-memory tensors and sizes are scaled down.
+"""
+import os
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before torch touches CUDA
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import init_torch_distributed, write_result  # noqa: E402
+
+import iris  # noqa: E402
+
+
+def _free_bytes(ctx):
+    if ctx.get_device().type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.mem_get_info()[0]
+    return ctx.driver.mem_info()[0]
+
+
+def _measure(ctx, fn):
+    ctx.barrier()
+    free0 = _free_bytes(ctx)
+    t0 = time.perf_counter()
+    out = fn()
+    ctx.barrier()
+    seconds = time.perf_counter() - t0
+    return out, seconds, free0 - _free_bytes(ctx)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=None, help="total weights per rank (default 8 on GPUs, 0.25 on the host)")
+    ap.add_argument("--tensor-mib", type=float, default=128)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rank, world = init_torch_distributed()
+    ctx = iris.iris(heap_size=1 << 40, allocator="vmem")
+    gpu = ctx.get_device().type == "cuda"
+    total = int((args.gib if args.gib else (8 if gpu else 0.25)) * (1 << 30))
+    per = int(args.tensor_mib * (1 << 20)) // 2 * 2
+    n = max(1, total // per)
+    g = torch.Generator(device=ctx.get_device()).manual_seed(rank)
+    weights = [torch.empty(per // 2, dtype=torch.bfloat16, device=ctx.get_device()) for _ in range(n)]
+    for w in weights:
+        w.uniform_(-1, 1, generator=g)
+        if not gpu:
+            w.share_memory_()
+    nbytes = n * per
+    rows = []
+
+    views, sec, extra = _measure(ctx, lambda: [ctx.as_symmetric(w, copy=False) for w in weights])
+    ok = all(torch.equal(v[:1024], w[:1024]) and v.data_ptr() != w.data_ptr() for v, w in zip(views, weights))
+    rows.append({"method": "iris as_symmetric zero copy", "ms": 1e3 * sec, "extra_bytes": extra, "checked": ok})
+    for v in views:
+        ctx.free(v)
+    del views
+
+    copies, sec, extra = _measure(ctx, lambda: [ctx.as_symmetric(w, copy=True) for w in weights])
+    ok = all(torch.equal(c[-1024:], w[-1024:]) for c, w in zip(copies, weights))
+    rows.append({"method": "iris copy into heap", "ms": 1e3 * sec, "extra_bytes": extra, "checked": ok})
+    for c in copies:
+        ctx.free(c)
+    del copies
+    ctx.trim()
+
+    if gpu:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        def symm():
+            out = []
+            for w in weights:
+                s = symm_mem.empty(w.shape, dtype=w.dtype, device=w.device)
+                symm_mem.rendezvous(s, dist.group.WORLD)
+                s.copy_(w)
+                out.append(s)
+            return out
+        sym, sec, extra = _measure(ctx, symm)
+        ok = all(torch.equal(s[:1024], w[:1024]) for s, w in zip(sym, weights))
+        rows.append({"method": "torch symm_mem empty+rendezvous+copy", "ms": 1e3 * sec, "extra_bytes": extra, "checked": ok})
+        del sym
+    gathered = ctx.heap.group.allgather(rows)
+    if rank == 0:
+        print(f"{n} tensors of {per / 2**20:.0f} MiB = {nbytes / 2**30:.2f} GiB per rank, {world} ranks")
+        print(f"{'method':>40} {'ms':>9} {'extra MiB':>10} checked")
+        for r, rr in enumerate(gathered):
+            for row in rr:
+                print(f"{row['method']:>40} {row['ms']:9.1f} {row['extra_bytes'] / 2**20:10.1f} {row['checked']}  (rank {r})")
+        print("wrote", write_result("import_weights", {"bytes_per_rank": nbytes, "tensors": n, "ranks": gathered}, args.out))
+    ctx.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
