@@ -42,7 +42,7 @@ def write_result(name: str, payload: dict, out: str | None = None) -> str:
         "device": device_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "world_size": dist.get_world_size() if dist.is_initialized() else int(os.environ.get("IRIS_WORLD_SIZE", 1)),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         **payload,
     }
