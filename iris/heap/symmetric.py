@@ -42,10 +42,15 @@ class SymmetricHeap:
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
             self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=device)
             self.views = [bytes_at(b, self.size, device) for b in self.bases]
-            undo.pop_all()
+            self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
         self.closed = False
 
     def _open_peer_blocks(self, undo: ExitStack) -> None:
+        """Open each peer's block once: by IPC, or by VMM handles where torch's block is VMM-backed
+        (expandable_segments:True), which legacy IPC cannot open."""
+        found = self.retain(self.alloc.base, self.size) if self.device.type != "cpu" else None
+        if found is not None:
+            return self._map_peer_blocks(*found, undo)
         mine = self.driver.ipc_export(self.alloc.base, self.size)
         own_fds = [mine.fd] if mine.fd is not None else []
         try:
@@ -60,6 +65,31 @@ class SymmetricHeap:
                 _close_all(fds[p])
             undo.callback(self.driver.ipc_close, ptr, size)
             self._peer_va[p] = ptr
+
+    def _map_peer_blocks(self, parts, lead: int, undo: ExitStack) -> None:
+        d = self.driver
+        own = [d.export(h) for _, _, h in parts]
+        for _, _, h in parts:
+            d.release(h)  # torch's own mapping keeps the memory alive
+        try:
+            objs, fds = self.group.exchange((lead, [(rel, size) for rel, size, _ in parts]), own, "heap vmm open")
+        finally:
+            _close_all(own)
+        try:
+            for p in self.peers:
+                peer_lead, layout = objs[p]
+                total = layout[-1][0] + layout[-1][1]
+                va = d.reserve(total)
+                undo.callback(d.free_va, va, total)
+                for (rel, size), fd in zip(layout, fds[p]):
+                    handle = d.import_(fd)
+                    undo.callback(d.release, handle)
+                    d.map(va + rel, size, handle)
+                    undo.callback(d.unmap, va + rel, size)
+                d.set_access(va, total)
+                self._peer_va[p] = va + peer_lead
+        finally:
+            _close_all(fd for p in self.peers for fd in fds[p])
 
     # -- allocation --------------------------------------------------------
     def allocate(self, nbytes: int, align: int = 256) -> int:
@@ -257,13 +287,8 @@ class SymmetricHeap:
         except (BootstrapError, OSError):
             pass  # a peer is gone: still release what this rank holds
         try:
-            if self.alloc.vmm:
-                for p in self.peers:
-                    self._drop_peer_range(0, self.size, [p])
-                    self.driver.free_va(self._peer_va[p], self.size)
-            else:
-                for p in self.peers:
-                    self.driver.ipc_close(self._peer_va[p], self.size)
+            self._drop_peer_range(0, self.size)
+            self._peer_blocks.close()  # peer reservations, or peer blocks opened once
             self.alloc.close()
         finally:
             self.views, self.heap_bases = None, None

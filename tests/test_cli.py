@@ -1,0 +1,194 @@
+"""`iris info` and `iris bench` as a user runs them: real subprocesses on the host driver."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from iris import bench, bench_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def iris_cli(*args, env=None, timeout=120):
+    full = {k: v for k, v in os.environ.items() if k not in ("IRIS_PLATFORM", "IRIS_ALLOCATOR")}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "iris", *args], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def on_host() -> bool:
+    import torch
+    return not torch.cuda.is_available()
+
+
+# -- iris info -------------------------------------------------------------------------------------
+@pytest.mark.skipif(not on_host(), reason="checks the host platform's report")
+def test_info_on_host():
+    p = iris_cli("info")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "iris can run here" in p.stdout
+    assert "platform     host" in p.stdout
+    assert "VMM          works; POSIX fd export works" in p.stdout
+    assert "torch" in p.stdout and "triton" in p.stdout
+
+
+def test_info_json():
+    p = iris_cli("info", "--json", env={"IRIS_PLATFORM": "host"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    info = json.loads(p.stdout)
+    assert info["can_run"] is True and info["problems"] == []
+    assert info["platform"]["name"] == "host" and "IRIS_PLATFORM" in info["platform"]["why"]
+    assert info["memory"]["vmm"] == "works" and info["memory"]["fd_export"] == "works"
+    assert info["memory"]["granularity"] == os.sysconf("SC_PAGE_SIZE")
+    assert info["memory"]["allocators"] == {"torch": True, "vmem": True}
+    assert info["libraries"]["torch"] and info["libraries"]["triton"]
+    assert info["devices"][0]["memory_bytes"] > 0
+    assert info["launch"].startswith("python -m iris.run -n 2")
+
+
+def test_info_bad_platform_says_so():
+    p = iris_cli("info", env={"IRIS_PLATFORM": "nonsense"})
+    out = p.stdout + p.stderr
+    assert p.returncode != 0
+    assert "IRIS_PLATFORM='nonsense' is not a platform" in out and "cuda, hip, host" in out
+    assert "Traceback" not in out and "fix:" in out
+
+
+def test_info_bad_settings_are_problems():
+    p = iris_cli("info", "--json", env={"IRIS_PLATFORM": "host", "IRIS_ALLOCATOR": "bump", "IRIS_TIMEOUT": "-1",
+                                        "IRIS_CHECK_SYMMETRY": "sometimes"})
+    assert p.returncode == 1
+    problems = " ".join(x["problem"] for x in json.loads(p.stdout)["problems"])
+    assert "IRIS_ALLOCATOR='bump'" in problems and "IRIS_TIMEOUT='-1'" in problems
+    assert "IRIS_CHECK_SYMMETRY='sometimes'" in problems
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None, reason="cuda-bindings is installed here")
+def test_info_cuda_without_bindings_says_what_to_install():
+    p = iris_cli("info", env={"IRIS_PLATFORM": "cuda"})
+    assert p.returncode == 1
+    assert "iris CANNOT run here" in p.stdout
+    assert "cuda-bindings" in p.stdout and "pip install 'iris[cuda]'" in p.stdout
+
+
+@pytest.mark.skipif(shutil.which("iris") is None, reason="the console script is not installed")
+def test_console_script():
+    p = subprocess.run(["iris", "info", "--json"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, IRIS_PLATFORM="host"))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["platform"]["name"] == "host"
+
+
+def test_usage():
+    assert iris_cli().returncode == 0
+    p = iris_cli("frobnicate")
+    assert p.returncode == 2 and "unknown command 'frobnicate'" in p.stderr
+
+
+# -- iris bench -------------------------------------------------------------------------------------
+@pytest.mark.skipif(not on_host(), reason="the quick run on GPUs is for people, not CI")
+def test_bench_quick_on_host(tmp_path):
+    p = iris_cli("bench", "--quick", "--out", str(tmp_path), timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for name in ("rma_bandwidth", "alloc_cost", "import_weights"):
+        assert (tmp_path / f"{name}.json").exists(), (name, p.stdout)
+        assert (tmp_path / f"{name}.log").exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [b["status"] for b in summary["benchmarks"]] == ["ok"] * 3
+    names = {r["benchmark"] for r in summary["table"]}
+    assert names == {"rma_bandwidth", "alloc_cost", "import_weights"}
+    assert "put bandwidth" in p.stdout and "gloo send/recv" in p.stdout and "iris x" in p.stdout
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "pip install matplotlib" in p.stdout
+
+
+FAKE = """import argparse, json, sys
+ap = argparse.ArgumentParser()
+ap.add_argument("--out")
+args = ap.parse_args()
+if {fail}:
+    print("something broke", file=sys.stderr)
+    sys.exit(3)
+import os
+if os.environ["IRIS_RANK"] == "0":
+    json.dump({{"summary": [{{"measure": "widgets", "unit": "w/s", "iris": 30.0, "reference": "ref",
+                             "reference_value": 10.0}}]}}, open(args.out, "w"))
+"""
+
+
+def test_bench_skips_missing_and_reports_failures(tmp_path):
+    scripts = tmp_path / "benchmarks"
+    scripts.mkdir()
+    (scripts / "alloc_cost.py").write_text(FAKE.format(fail=False))
+    (scripts / "import_weights.py").write_text(FAKE.format(fail=True))
+    out = tmp_path / "out"
+    p = iris_cli("bench", "--quick", "--benchmarks-dir", str(scripts), "--out", str(out), env={"IRIS_PLATFORM": "host"})
+    assert p.returncode == 1, p.stdout + p.stderr  # one benchmark failed
+    summary = json.loads((out / "summary.json").read_text())
+    status = {b["name"]: b for b in summary["benchmarks"]}
+    assert status["rma_bandwidth"]["status"] == "skipped" and "does not exist" in status["rma_bandwidth"]["note"]
+    assert status["alloc_cost"]["status"] == "ok"
+    assert "does not take --counts --heap-gib" in status["alloc_cost"]["note"]
+    assert status["import_weights"]["status"] == "failed" and "something broke" in status["import_weights"]["note"]
+    assert summary["table"] == [bench_report.row("alloc_cost", "widgets", "w/s", 30.0, "ref", 10.0, True)]
+    assert "3.00" in p.stdout and "note: rma_bandwidth: skipped" in p.stdout
+
+
+def test_bench_without_benchmarks_folder(tmp_path):
+    p = iris_cli("bench", "--benchmarks-dir", str(tmp_path / "nowhere"))
+    assert p.returncode == 2
+    assert "no benchmarks folder" in p.stderr and "pip install -e ." in p.stderr
+
+
+def test_bench_locates_the_source_tree():
+    assert bench.benchmarks_dir() == ROOT / "benchmarks"
+
+
+def test_fit_args_keeps_declared_options_only():
+    kept, dropped = bench.fit_args(["--counts", "1", "10", "--quick", "--heap-gib", "1"], {"--counts", "--heap-gib"})
+    assert kept == ["--counts", "1", "10", "--heap-gib", "1"] and dropped == ["--quick"]
+    declared = bench.declared_options(ROOT / "benchmarks" / "alloc_cost.py")
+    for b in bench.BENCHMARKS:  # the quick arguments match the real scripts' options
+        script = ROOT / "benchmarks" / f"{b.name}.py"
+        if script.exists():
+            for args in b.args.values():
+                assert bench.fit_args(args, bench.declared_options(script))[1] == [], (b.name, args)
+    assert "--counts" in declared
+
+
+def test_report_readers_on_gpu_shaped_results(tmp_path):
+    """The readers and the plot on results shaped like a two-GPU run's (numbers made up)."""
+    rma = {"device": "NVIDIA H200", "dry_run": False, "ranks": 2,
+           "point_to_point": [{"bytes": b, "put_GBps": 0.9 * g, "get_GBps": 0.95 * g, "copy_engine_GBps": g,
+                               "copy_peer_map_GBps": g, "nccl_sendrecv_GBps": 0.9 * g}
+                              for b, g in ((1 << 20, 100.0), (1 << 30, 400.0))],
+           "all_pairs": [{"bytes_per_pair": 1 << 20, "iris_GBps": 300.0, "nccl_all_to_all_GBps": 200.0}],
+           "latency": {"signal_one_way_us": 2.0, "device_barrier_eager_us": 5.0, "nccl_all_reduce_int_eager_us": 20.0}}
+    rows = bench_report.rma_bandwidth(rma)
+    put_ce = next(r for r in rows if r["measure"] == "put bandwidth, 1 GiB" and r["reference"].startswith("copy"))
+    assert put_ce["iris"] == 360.0 and put_ce["speedup"] == pytest.approx(0.9)
+    barrier = next(r for r in rows if r["measure"] == "barrier (eager)")
+    assert barrier["reference"].startswith("NCCL") and barrier["speedup"] == pytest.approx(4.0)  # lower is better
+    alloc = {"bytes_per_allocation": 1 << 20, "rows": [
+        {"allocator": "vmem", "case": "inside mapped", "n": 10, "mean_us": 10.0},
+        {"allocator": "torch symm_mem", "case": "empty + rendezvous", "n": 10, "mean_us": 3500.0}]}
+    (row,) = bench_report.alloc_cost(alloc)
+    assert row["speedup"] == pytest.approx(350.0)
+    weights = {"bytes_per_rank": 1 << 30, "ranks": [[
+        {"method": "iris as_symmetric zero copy", "ms": 2.0, "extra_bytes": 0},
+        {"method": "iris copy into heap", "ms": 20.0, "extra_bytes": 1 << 30},
+        {"method": "torch symm_mem empty+rendezvous+copy", "ms": 40.0, "extra_bytes": 1 << 30}]]}
+    rows = bench_report.import_weights(weights)
+    assert [r["speedup"] for r in rows[:2]] == [10.0, 20.0]
+    text = bench_report.render({"table": rows, "notes": []})
+    assert "inf" in text  # zero extra bytes against a GiB
+    if importlib.util.find_spec("matplotlib"):
+        assert bench_report.plot_bandwidth(rma, tmp_path / "bw.png") == str(tmp_path / "bw.png")
+        assert (tmp_path / "bw.png").stat().st_size > 1000
