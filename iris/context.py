@@ -62,6 +62,9 @@ class Iris:
             alloc = (ALLOCATORS[name](self.driver, heap_size) if name == "vmem"
                      else ALLOCATORS[name](self.driver, heap_size, self.device))
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
+            # device_barrier's flags: allocated first, so no scope() or free can take them
+            self._barrier_flags = self.zeros(self.world + 1, dtype=torch.int64)
+            self.barrier()  # every rank's flags are zero before any rank signals into them
         except BaseException:
             self.group.close()
             raise
@@ -317,14 +320,9 @@ class Iris:
     # -- device barrier (iris/device/sync.py) -------------------------------
     def device_barrier(self) -> None:
         """Barrier of every rank that runs on the device, in stream order: no host round trip, and
-        capturable in a CUDA graph. Collective: all ranks. The first call allocates its flags on the
-        heap and meets the other ranks on the host, so make it before capturing a graph."""
+        capturable in a CUDA graph. Collective: all ranks."""
         from .device.sync import barrier_kernel
-        flags = getattr(self, "_barrier_flags", None)
-        if flags is None or self.heap.offset_of(flags) not in self.heap.alloc.offsets.live:  # new, or freed by scope()
-            self._barrier_flags = flags = self.zeros(self.world + 1, dtype=torch.int64)
-            self.barrier()  # no rank may signal into flags that a peer has not zeroed yet
-        barrier_kernel[(1,)](flags, self.rank, self.world, self.heap.heap_bases,
+        barrier_kernel[(1,)](self._barrier_flags, self.rank, self.world, self.heap.heap_bases,
                              BLOCK=max(2, 1 << (self.world - 1).bit_length()), num_warps=1)
 
 

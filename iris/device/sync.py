@@ -1,0 +1,97 @@
+"""Synchronization between ranks inside kernels: signal/wait on flags, and the device barrier."""
+import triton
+import triton.language as tl
+
+from .translate import _translate
+
+
+@triton.jit
+def _unmet(cur, value, cmp: tl.constexpr):
+    tl.static_assert(cmp == "eq" or cmp == "ne" or cmp == "ge" or cmp == "gt" or cmp == "le" or cmp == "lt",
+                     "cmp must be one of eq, ne, ge, gt, le, lt")
+    if cmp == "eq":
+        out = cur != value
+    elif cmp == "ne":
+        out = cur == value
+    elif cmp == "ge":
+        out = cur < value
+    elif cmp == "gt":
+        out = cur <= value
+    elif cmp == "le":
+        out = cur > value
+    else:
+        out = cur >= value
+    return out
+
+
+@triton.jit
+def signal(flag_ptr, value, from_rank, to_rank, heap_bases, op: tl.constexpr = None, sem: tl.constexpr = None,
+           scope: tl.constexpr = None):
+    """Sets (op="set", the default) or adds value to (op="add") the flag at flag_ptr on to_rank; returns the
+    old value.
+
+    flag_ptr: one int32/int64 flag, valid in from_rank's (the caller's) view of the heap;
+    from_rank: the caller; to_rank: the rank whose flag changes; heap_bases: ctx.get_heap_bases().
+    sem: "release" (the default) makes every write the caller made before visible to whoever
+        acquires the flag; "acq_rel" also orders the caller's later accesses; "relaxed" orders nothing.
+    scope: "sys" (the default) promises that ordering to other GPUs and the host; "gpu" to this
+        device only, "cta" to this program only.
+    """
+    # defaults resolved here: Triton 3.6 cannot pass a str default into a nested jit function
+    SEM: tl.constexpr = "release" if sem is None else sem
+    SCOPE: tl.constexpr = "sys" if scope is None else scope
+    tl.static_assert(op is None or op == "set" or op == "add", "op must be 'set' or 'add'")
+    p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
+    if op == "add":
+        old = tl.atomic_add(p, value, sem=SEM, scope=SCOPE)
+    else:
+        old = tl.atomic_xchg(p, value, sem=SEM, scope=SCOPE)
+    return old
+
+
+@triton.jit
+def wait(flag_ptr, value, from_rank, to_rank, heap_bases, cmp: tl.constexpr = None, sem: tl.constexpr = None,
+         scope: tl.constexpr = None):
+    """Spins until `flag cmp value` holds for the flag at flag_ptr on to_rank; returns the flag's value.
+
+    flag_ptr: one int32/int64 flag, valid in from_rank's (the caller's) view; from_rank: the
+    caller; to_rank: the rank whose flag is read (normally the caller); heap_bases:
+    ctx.get_heap_bases(); cmp: "eq" (the default), "ne", "ge", "gt", "le" or "lt".
+    sem: "acquire" (the default): what the signaller wrote before its release is visible after
+        this returns; "relaxed" orders nothing. scope: "sys" (the default) to pair with a signal
+        from another GPU, "gpu" within this device, "cta" within this program.
+    Never wait on a flag that only another program of the same launch sets under the Triton
+    interpreter: it runs programs one after another, so that would spin forever.
+    """
+    CMP: tl.constexpr = "eq" if cmp is None else cmp
+    SEM: tl.constexpr = "acquire" if sem is None else sem
+    SCOPE: tl.constexpr = "sys" if scope is None else scope
+    p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
+    cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
+    while _unmet(cur, value, CMP):
+        cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
+    return cur
+
+
+@triton.jit
+def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
+    """A barrier of every rank that runs on the device: launch it with grid (1,) on every rank.
+
+    flags: int64 heap tensor of world + 1 zeros, the same one on every rank (entry r: the last
+        epoch rank r reached; entry world: this rank's own epoch count, kept on the device so
+        that the launch can be replayed from a CUDA graph); rank, world: this rank and the number
+        of ranks; heap_bases: ctx.get_heap_bases(); BLOCK: a power of two >= world.
+    Each rank writes its new epoch into every rank's flags[rank] with release at "sys" scope,
+    then spins with acquire until every entry of its own flags reaches that epoch: writes made
+    before the barrier on any rank are visible after it on all.
+    """
+    epoch = tl.load(flags + world) + 1
+    tl.store(flags + world, epoch)
+    peers = tl.arange(0, BLOCK)
+    live = peers < world
+    slots = _translate(flags + rank, rank, tl.where(live, peers, rank), heap_bases)
+    tl.atomic_xchg(slots, tl.zeros([BLOCK], tl.int64) + epoch, mask=live, sem="release", scope="sys")
+    pending = 1
+    while pending > 0:  # a scalar loop-carried value: Triton 3.6 mis-compiles a block one here
+        seen = tl.atomic_add(flags + peers, 0, mask=live, sem="acquire", scope="sys")
+        pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
