@@ -166,9 +166,9 @@ def test_env_overrides_allocator_and_platform(monkeypatch):
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_factories_behave_like_torch(allocator):
-    g = torch.Generator().manual_seed(0)
     with iris.iris(heap_size=1 << 22, allocator=allocator) as ctx:
         d = ctx.get_device()
+        g = torch.Generator(device=d).manual_seed(0)
         cases = [
             (ctx.zeros(2, 3), torch.zeros(2, 3)), (ctx.zeros((2, 3), dtype=torch.int16), torch.zeros((2, 3), dtype=torch.int16)),
             (ctx.ones([4]), torch.ones([4])), (ctx.full((2, 2), 7), torch.full((2, 2), 7)),

@@ -1,4 +1,5 @@
 """as_symmetric, the safetensors loader and module_to_heap on real ranks."""
+import os
 import warnings
 
 import pytest
@@ -11,10 +12,26 @@ def _pattern(n, r=0):
     return torch.arange(n, dtype=torch.float32) * 3 + 1000 * (r + 1)
 
 
+def _device():
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _vmm_backed(t):
+    """t in memory that can be imported without a copy: shared memory on the host, expandable
+    segments (set before CUDA starts, in the rank function) on GPUs."""
+    return t.share_memory_() if t.device.type == "cpu" else t
+
+
+def _zero_copy_env():
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # before this process touches CUDA
+
+
 def rank_zero_copy():
+    _zero_copy_env()
     ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
     r, w = ctx.get_rank(), ctx.get_num_ranks()
-    t = _pattern(3 << 18, r).share_memory_()
+    dev = ctx.get_device()
+    t = _vmm_backed(_pattern(3 << 18, r).to(dev))
     h = ctx.as_symmetric(t)
     res = {"zero_copy": ctx.is_zero_copy(h), "distinct": h.data_ptr() != t.data_ptr(),
            "same_again": ctx.as_symmetric(t) is h, "offset": ctx.heap.offset_of(h)}
@@ -22,7 +39,7 @@ def rank_zero_copy():
     h[7] = -2.0
     res["alias"] = float(h[5]) == -1.0 and float(t[7]) == -2.0
     ctx.barrier()
-    expect = _pattern(3 << 18, (r + 1) % w)
+    expect = _pattern(3 << 18, (r + 1) % w).to(dev)
     expect[5], expect[7] = -1.0, -2.0
     res["peer"] = torch.equal(ctx.peer_view(h, (r + 1) % w), expect)
     # a tensor that spans two physical segments of another heap
@@ -56,7 +73,8 @@ def test_zero_copy_aliases_and_peers_see_it():
 
 def rank_copy_paths(allocator):
     ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
-    plain = _pattern(1000, ctx.get_rank())
+    dev = ctx.get_device()
+    plain = _pattern(1000, ctx.get_rank()).to(dev)  # private host memory, or plain cudaMalloc
     res = {}
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
@@ -66,15 +84,16 @@ def rank_copy_paths(allocator):
     plain[0] = -5
     res["independent"] = float(c[0]) != -5
     try:
-        ctx.as_symmetric(_pattern(10).share_memory_() if allocator == "torch" else torch.ones(10), copy=False)
+        ctx.as_symmetric(_vmm_backed(_pattern(10).to(dev)) if allocator == "torch" else torch.ones(10, device=dev),
+                         copy=False)
         res["copy_false"] = "no error"
     except ValueError as e:
         res["copy_false"] = str(e)
-    shared = _pattern(64).share_memory_()
+    shared = _vmm_backed(_pattern(64).to(dev))
     forced = ctx.as_symmetric(shared, copy=True)
     res["forced_copy"] = not ctx.is_zero_copy(forced) and torch.equal(forced, shared)
     with pytest.raises(ValueError, match="contiguous"):
-        ctx.as_symmetric(torch.ones(4, 4).t())
+        ctx.as_symmetric(torch.ones(4, 4, device=dev).t())
     with pytest.raises(ValueError, match="is on meta"):
         ctx.as_symmetric(torch.ones(4, device="meta"))
     with pytest.raises(TypeError):
@@ -107,11 +126,13 @@ class TinyBlock(torch.nn.Module):
 
 
 def rank_weights(path):
+    _zero_copy_env()
     ctx = iris.iris(heap_size=1 << 24, allocator="vmem")
     r, w = ctx.get_rank(), ctx.get_num_ranks()
+    dev = ctx.get_device()
     torch.manual_seed(0)
-    ref = TinyBlock()
-    x = torch.randn(4, 32)
+    ref = TinyBlock().to(dev)
+    x = torch.randn(4, 32).to(dev)
     expect = ref(x)
     full = ctx.load_safetensors(path)
     res = {"names": sorted(full), "all_heap": all(ctx.is_symmetric(t) for t in full.values())}
@@ -122,14 +143,15 @@ def rank_weights(path):
     peer_half = ctx.peer_view(half["up.weight"], (r + 1) % w)
     q = (r + 1) % w
     res["shard_peer"] = torch.equal(peer_half, ref.up.weight.detach()[q * 32:(q + 1) * 32])
-    shared = TinyBlock()
+    shared = TinyBlock().to(dev)
     shared.load_state_dict(ref.state_dict())
-    shared.share_memory()
+    if dev.type == "cpu":
+        shared.share_memory()
     ctx.module_to_heap(shared)
     tensors = list(shared.parameters()) + list(shared.buffers())
     res["module_zero_copy"] = all(ctx.is_zero_copy(t) for t in tensors)
     res["module_forward"] = torch.allclose(shared(x), expect)
-    plain = TinyBlock()
+    plain = TinyBlock().to(dev)
     plain.load_state_dict(ref.state_dict())
     ctx.module_to_heap(plain, copy=True)
     res["plain_on_heap"] = all(ctx.is_symmetric(t) for t in list(plain.parameters()) + list(plain.buffers()))
