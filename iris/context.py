@@ -227,54 +227,73 @@ class Iris:
                             lambda t: t.random_(low, high, generator=generator), dtype, device, out, requires_grad)
 
     # -- importing existing tensors ----------------------------------------
-    def as_symmetric(self, t: torch.Tensor, copy: Optional[bool] = None) -> torch.Tensor:
+    def as_symmetric(self, t, copy: Optional[bool] = None):
         """A heap tensor with t's contents. Collective: all ranks, the same tensors in the same order.
 
         Zero copy where t's memory is VMM-backed (PyTorch with expandable_segments:True, cuMem
         allocations, another heap; shared memory on the host) and the heap is vmem: the result
         aliases t. Otherwise copy=None copies with a warning, copy=False raises, copy=True always
         copies. ctx.is_zero_copy(result) tells which. Importing t again returns the same view.
+        t may be a list or tuple of tensors: one batched import, one exchange for all; returns a list.
         """
+        batch = isinstance(t, (list, tuple))
+        tensors = list(t) if batch else [t]
+        if copy not in (None, True, False):
+            raise TypeError(f"copy must be None, True or False, got {copy!r}")
+        for x in tensors:
+            self._check_importable(x)
+        out, todo = [None] * len(tensors), []
+        for i, x in enumerate(tensors):
+            key = self._import_key(x)
+            if self.heap.contains(x):
+                out[i] = x
+            elif key in self._imported:
+                out[i] = self._imported[key][0]
+            else:
+                todo.append(i)
+        call = f"as_symmetric({len(todo)} tensors)" if batch else f"as_symmetric({tuple(t.shape)}, {t.dtype})"
+        offsets = [None] * len(todo)
+        if todo and self.heap.alloc.vmm and copy is not True:
+            items = []
+            for i in todo:
+                x = tensors[i]
+                found = self.heap.retain(self.heap.address(x), x.numel() * x.element_size()) if x.numel() else None
+                items.append((*(found or (None, 0)), (tuple(x.shape), str(x.dtype))))
+            offsets = self.heap.adopt(items, call)
+            for (parts, _, _), offset in zip(items, offsets):
+                if offset is None and parts:
+                    for _, _, handle in parts:
+                        self.driver.release(handle)
+        for i, offset in zip(todo, offsets):
+            x = tensors[i]
+            out[i] = self.heap.tensor(offset, x.shape, x.dtype) if offset is not None else self._copy_in(x, copy, call)
+            self._imported[self._import_key(x)] = (out[i], x)  # holding x keeps its allocator off the memory
+        return out if batch else out[0]
+
+    def _check_importable(self, t) -> None:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"as_symmetric takes a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"as_symmetric takes a torch.Tensor (or a list of them), got {type(t).__name__}")
         if t.device != self.device:
             raise ValueError(f"as_symmetric: the tensor is on {t.device} but this rank's heap is on {self.device}; "
                              f"move it first (t.to('{self.device}'))")
         if not t.is_contiguous():
             raise ValueError("as_symmetric needs a contiguous tensor (its bytes must be one range); "
                              "call t.contiguous() first, which copies")
-        if copy not in (None, True, False):
-            raise TypeError(f"copy must be None, True or False, got {copy!r}")
-        if self.heap.contains(t):
-            return t
-        nbytes, addr = t.numel() * t.element_size(), self.heap.address(t)
-        key = (addr, nbytes, t.dtype, tuple(t.shape))
-        if key in self._imported:
-            return self._imported[key][0]
-        call = f"as_symmetric({tuple(t.shape)}, {t.dtype})"
-        offset = None
-        if self.heap.alloc.vmm and copy is not True:
-            found = self.heap.retain(addr, nbytes) if nbytes else None
-            parts, lead = found if found else (None, 0)
-            offset = self.heap.adopt(parts, lead, (tuple(t.shape), str(t.dtype)), call)
-            if offset is None and parts:
-                for _, _, handle in parts:
-                    self.driver.release(handle)
-        if offset is not None:
-            out = self.heap.tensor(offset, t.shape, t.dtype)
-        else:
-            why = ("the torch allocator cannot map memory it did not allocate; use allocator='vmem'"
-                   if not self.heap.alloc.vmm else
-                   "its memory (on some rank) is not VMM-backed; on GPUs set "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch allocates it, on the host "
-                   "use t.share_memory_()")
-            if copy is False:
-                raise ValueError(f"{call}: zero copy is impossible: {why}")
-            if copy is None:
-                warnings.warn(f"{call} copied {nbytes} bytes into the heap: {why}", stacklevel=2)
-            out = self._copied(t, None, False)
-        self._imported[key] = (out, t)  # holding t keeps its allocator from reusing memory the heap maps
-        return out
+
+    def _import_key(self, t: torch.Tensor) -> tuple:
+        return self.heap.address(t), t.numel() * t.element_size(), t.dtype, tuple(t.shape)
+
+    def _copy_in(self, t: torch.Tensor, copy: Optional[bool], call: str) -> torch.Tensor:
+        why = ("the torch allocator cannot map memory it did not allocate; use allocator='vmem'"
+               if not self.heap.alloc.vmm else
+               "its memory (on some rank) is not VMM-backed; on GPUs set "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch allocates it, on the host "
+               "use t.share_memory_()")
+        if copy is False:
+            raise ValueError(f"{call}: zero copy is impossible: {why}")
+        if copy is None:
+            warnings.warn(f"{call} copied {t.numel() * t.element_size()} bytes into the heap: {why}", stacklevel=3)
+        return self._copied(t, None, False)
 
     def load_safetensors(self, path: str, shard=None, names=None) -> dict:
         """name -> heap tensor, read from a safetensors file (see iris.weights). Collective."""

@@ -51,6 +51,12 @@ def rank_zero_copy():
     res["span_zero_copy"] = ctx.is_zero_copy(s)
     ctx.barrier()
     res["span_peer"] = bool((ctx.peer_view(s, (r + 1) % w) == 5.0 + (r + 1) % w).all())
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        pair = ctx.as_symmetric([_vmm_backed(_pattern(512, r).to(dev)), _pattern(256, r).to(dev)])
+    private = dev.type == "cpu"  # with expandable segments every CUDA tensor is VMM-backed
+    res["batch"] = (ctx.is_zero_copy(pair[0]) and ctx.is_zero_copy(pair[1]) != private and len(rec) == int(private)
+                    and torch.equal(pair[1], _pattern(256, r).to(dev)) and torch.equal(pair[0], _pattern(512, r).to(dev)))
     ctx.free(h)
     res["freed_view_gone"] = not ctx.is_zero_copy(h) if ctx.heap.contains(h) else True
     ctx.close()
@@ -68,6 +74,7 @@ def test_zero_copy_aliases_and_peers_see_it():
         assert res["peer"], f"rank {r} did not read its peer's imported tensor"
         assert res["other_segments"] >= 2 and res["span_zero_copy"] and res["span_peer"], res
         assert res["original_after_close"] and res["other_after_close"]
+        assert res["batch"], "a batched import did not zero-copy the shared tensor and copy the private one"
     assert out[0]["offset"] == out[1]["offset"], "imported tensors must sit at the same offset on every rank"
 
 

@@ -76,7 +76,8 @@ def rank_trim():
 def test_trim_gives_segments_back_and_keeps_live_data():
     for before, after, released, cb, ca, peer_ok, again_ok, keep_ok in iris.spawn(rank_trim, 2):
         assert released >= 8 * (3 << 20) - (2 << 20), f"trim released only {released} bytes"
-        assert after < before, f"heap mappings did not drop: {before} -> {after}"
+        if not torch.cuda.is_available():  # host: the memfd mappings themselves (GPUs: test_gpu_trim_...)
+            assert after < before, f"heap mappings did not drop: {before} -> {after}"
         assert cb - released < cb and peer_ok and keep_ok and again_ok
         assert ca >= 3 << 20
 

@@ -19,6 +19,17 @@ def _close_all(fds) -> None:
         os.close(fd)
 
 
+def _runs(layout):
+    """Contiguous (start, end) runs of sorted (offset, size) pieces: access is set per mapped run."""
+    runs = []
+    for off, size in sorted(layout):
+        if runs and runs[-1][1] == off:
+            runs[-1][1] = off + size
+        else:
+            runs.append([off, off + size])
+    return runs
+
+
 class SymmetricHeap:
     """Peers see each other's heap: a VMM heap maps each peer's segments into a reserved range of
     the same size; a plain block is opened once through IPC. Creating it is collective."""
@@ -101,18 +112,19 @@ class SymmetricHeap:
             offset, new = self.alloc.allocate(max(nbytes, 1), align)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
-                self._grow(nbytes, None, None, call)  # peers grew; tell them this rank could not
+                self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
             raise
         if new:
-            self._grow(nbytes, offset, new, call)
+            self._grow(nbytes, offset, new, call, lambda: self.alloc.undo(offset, new))
         self.symmetry.record(call)
         self.stats["allocations"] += 1
         return offset
 
-    def _grow(self, nbytes: int, offset: Optional[int], new, call: str) -> None:
+    def _grow(self, nbytes: int, offset, new, call: str, undo_new) -> None:
         """One batched exchange: every rank's new segments, mapped into each peer's view.
 
-        Ranks agree on (nbytes, offset); each maps a peer's memory by that peer's own segment list."""
+        Ranks agree on (nbytes, offset); each maps a peer's memory by that peer's own segment list.
+        undo_new takes this rank's part back when a peer could not do its own."""
         desc = None if new is None else (nbytes, offset)
         own = [self.driver.export(s.handle) for s in new or ()]
         layout = [(s.offset, s.size) for s in new or ()]
@@ -129,12 +141,12 @@ class SymmetricHeap:
             try:
                 self.symmetry.compare(tokens, self.rank, "a heap growth")
             except SymmetryError:
-                self.alloc.undo(offset, new)
+                undo_new()
                 raise
             failed = [p for p in self.peers if objs[p] is None]
             diverged = [p for p in self.peers if objs[p] is not None and objs[p] != desc]
             if failed or diverged:
-                self.alloc.undo(offset, new)
+                undo_new()
                 if failed:
                     raise HeapOutOfMemory(nbytes, self.alloc.offsets.free_bytes, self.size,
                                           f"Ranks {failed} could not back it: their devices are out of memory. "
@@ -146,8 +158,7 @@ class SymmetricHeap:
                 for p in self.peers:
                     for (off, size), fd in zip(layouts[p], fds[p]):
                         self._import(p, off, size, fd, undo)
-                    if layouts[p]:
-                        lo, hi = layouts[p][0][0], layouts[p][-1][0] + layouts[p][-1][1]
+                    for lo, hi in _runs(layouts[p]):
                         self.driver.set_access(self._peer_va[p] + lo, hi - lo)
                 undo.pop_all()
             self.stats["growths"] += 1
@@ -227,26 +238,44 @@ class SymmetricHeap:
         first = parts[0][0]
         return [(base - first, size, handle) for base, size, handle in parts], ptr - first
 
-    def adopt(self, parts, lead: int, meta, call: str) -> Optional[int]:
+    def adopt(self, items, call: str) -> List[Optional[int]]:
         """Map every rank's handles so that each rank's tensor lands at one common heap offset, and
-        share them with peers. None (nothing mapped; the caller copies) when a rank cannot.
-        Collective: all ranks, same tensors in the same order."""
+        share them with peers: items are (parts or None, lead, meta) per tensor, as from retain().
+        Returns each tensor's offset, None where a rank cannot (nothing mapped; the caller copies).
+        One allgather and one exchange for the whole batch. Collective: all ranks, same tensors."""
         g = self.alloc.chunk
-        mine = None if parts is None else (lead, parts[-1][0] + parts[-1][1])
-        got = self.group.allgather((mine, meta), "as_symmetric")
-        if any(m != meta for _, m in got):
-            raise SymmetryError(f"{call}: ranks import different tensors: {[m for _, m in got]}")
-        layouts = [m for m, _ in got]
-        if any(m is None for m in layouts) or len({m[0] % g for m in layouts}) > 1:
-            return None
-        top = max(m[0] for m in layouts)  # every rank's tensor lands at region + top
-        span = max(top - m_lead + total for m_lead, total in layouts)
-        shift = top - lead
-        region, segments = self.alloc.adopt([(shift + rel, size, h) for rel, size, h in parts], span)
-        self._grow(span, region, segments, call)
-        self._adopted[region + top] = (region, round_up(span, g))
+        mine = [(None if parts is None else (lead, parts[-1][0] + parts[-1][1]), meta) for parts, lead, meta in items]
+        got = self.group.allgather(mine, "as_symmetric")
+        if any([m for _, m in theirs] != [m for _, m in mine] for theirs in got):
+            raise SymmetryError(f"{call}: ranks import different tensors: {[[m for _, m in t] for t in got]}")
+        offsets, adopted, segments = [], [], []
+        try:
+            for i, (parts, lead, meta) in enumerate(items):
+                layouts = [theirs[i][0] for theirs in got]
+                if any(m is None for m in layouts) or len({m[0] % g for m in layouts}) > 1:
+                    offsets.append(None)
+                    continue
+                top = max(m[0] for m in layouts)  # every rank's tensor lands at region + top
+                span = max(top - m_lead + total for m_lead, total in layouts)
+                region, segs = self.alloc.adopt([(top - lead + rel, size, h) for rel, size, h in parts], span)
+                adopted.append((region, segs))
+                segments += segs
+                offsets.append(region + top)
+                self._adopted[region + top] = (region, round_up(span, g))
+        except BaseException:
+            self._undo_adopted(adopted, offsets)
+            raise
+        if segments:
+            self._grow(len(segments), [r for r, _ in adopted], segments, call,
+                       lambda: self._undo_adopted(adopted, offsets))
         self.symmetry.record(call)
-        return region + top
+        return offsets
+
+    def _undo_adopted(self, adopted, offsets) -> None:
+        for region, segs in adopted:
+            self.alloc.undo(region, segs)
+        for off in offsets:
+            self._adopted.pop(off, None)
 
     # -- views -------------------------------------------------------------
     def tensor(self, offset: int, shape, dtype: torch.dtype, rank: Optional[int] = None) -> torch.Tensor:
