@@ -1,5 +1,13 @@
 """Atomics on any rank's copy of the heap: add, sub, cas, xchg, and, or, xor, min, max.
 
+Every function takes ptr: pointer(s) valid in from_rank's (the caller's) view of the heap;
+from_rank: the caller; to_rank: the rank whose memory is updated; heap_bases:
+ctx.get_heap_bases(); mask: lanes to leave alone (not for cas: tl.atomic_cas has none).
+sem: how the caller's other accesses are ordered around the atomic: "relaxed" (not at all),
+"acquire" (later ones stay after), "release" (earlier ones complete before), "acq_rel" (both).
+scope: who is promised that ordering: "cta" (this program), "gpu" (this device), "sys" (every
+device and the host): use "sys" to synchronize with another rank's GPU.
+
 Dtypes are Triton's: add takes fp16/bf16/fp32/fp64/int32/int64 (and unsigned); min, max and xchg
 fp32/fp64/int32/int64; and, or, xor int32/int64; cas any 16, 32 or 64-bit type.
 """
@@ -14,14 +22,9 @@ def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None):
     """Atomically adds val to to_rank's memory at ptr; returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_add(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
@@ -31,14 +34,9 @@ def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None):
     """Atomically subtracts val from to_rank's memory at ptr (adds -val); returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_add(_translate(ptr, from_rank, to_rank, heap_bases), -val, mask=mask, sem=sem, scope=scope)
 
@@ -48,14 +46,9 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     """Atomically stores val at ptr on to_rank where the memory equals cmp; returns the old values
     (the swap happened where old == cmp).
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    cmp: the expected values. No mask: tl.atomic_cas has none.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    cmp: the expected values; ptr, from_rank, to_rank, heap_bases: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_cas(_translate(ptr, from_rank, to_rank, heap_bases), cmp, val, sem=sem, scope=scope)
 
@@ -65,14 +58,9 @@ def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.con
                 scope: tl.constexpr = None):
     """Atomically stores val at ptr on to_rank; returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_xchg(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
@@ -82,14 +70,9 @@ def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None):
     """Atomically ands val into to_rank's memory at ptr; returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_and(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
@@ -99,14 +82,9 @@ def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.const
               scope: tl.constexpr = None):
     """Atomically ors val into to_rank's memory at ptr; returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_or(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
@@ -116,14 +94,9 @@ def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None):
     """Atomically xors val into to_rank's memory at ptr; returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_xor(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
@@ -133,14 +106,9 @@ def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None):
     """Atomically stores min(old, val) at ptr on to_rank; returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_min(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
@@ -150,13 +118,8 @@ def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None):
     """Atomically stores max(old, val) at ptr on to_rank; returns the old values.
 
-    ptr: pointer(s) valid in from_rank's (the caller's) view of the heap; from_rank: the caller;
-    to_rank: the rank whose memory is updated; heap_bases: ctx.get_heap_bases();
-    mask: lanes to leave alone.
-    sem: how the caller's other memory accesses are ordered around this one: "relaxed" (not at
-        all), "acquire" (later ones stay after), "release" (earlier ones complete before),
-        "acq_rel" (both; the default).
-    scope: who is promised that ordering: "cta" (this program), "gpu" (this device; the default),
-        "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
+    ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
+    sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
+    says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     return tl.atomic_max(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
