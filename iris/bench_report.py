@@ -79,7 +79,7 @@ def import_weights(data: dict) -> List[dict]:
     if not ranks:
         return []
     by = {r["method"]: r for r in ranks[0]}  # rank 0's view; every rank's is in the JSON
-    zero, copy = by.get("iris as_symmetric zero copy"), by.get("iris copy into heap")
+    zero, copy = by.get("iris as_symmetric zero copy, one batched call"), by.get("iris copy into heap")
     symm = next((r for m, r in by.items() if m.startswith("torch symm_mem")), None)
     what = f"{_size(data.get('bytes_per_rank', 0))} of weights made symmetric"
     out = []

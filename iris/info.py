@@ -239,7 +239,9 @@ def _memory_section(r: Report, driver) -> None:
     mem = _probe_vmm(driver)
     mem["torch_ipc"] = _probe_ipc(driver)
     vmem_ok = mem["vmm"] == "works" and mem["fd_export"] == "works"
-    torch_ok = mem["torch_ipc"] == "works"
+    # a VMM-backed torch block (expandable segments) is shared by its handles, as vmem shares chunks
+    expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    torch_ok = mem["torch_ipc"] == "works" or (expandable and vmem_ok)
     mem["allocators"] = {"torch": torch_ok, "vmem": vmem_ok}
     r.data["memory"] = mem
     if not (vmem_ok or torch_ok):
@@ -255,8 +257,7 @@ def _memory_section(r: Report, driver) -> None:
             r.problem("IRIS_ALLOCATOR=vmem but VMM does not work here", "unset IRIS_ALLOCATOR or set it to torch")
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if not torch_ok:
-        why = ("PyTorch allocates with expandable_segments:True (VMM memory), which CUDA/HIP IPC cannot share"
-               if "expandable_segments:true" in conf.replace(" ", "").lower() else f"IPC {mem['torch_ipc']}")
+        why = f"IPC {mem['torch_ipc']}"
         if os.environ.get("IRIS_ALLOCATOR") == "torch":
             r.problem(f"IRIS_ALLOCATOR=torch but the torch allocator cannot share memory here: {why}",
                       "export IRIS_ALLOCATOR=vmem")

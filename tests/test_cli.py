@@ -182,7 +182,7 @@ def test_report_readers_on_gpu_shaped_results(tmp_path):
     (row,) = bench_report.alloc_cost(alloc)
     assert row["speedup"] == pytest.approx(350.0)
     weights = {"bytes_per_rank": 1 << 30, "ranks": [[
-        {"method": "iris as_symmetric zero copy", "ms": 2.0, "extra_bytes": 0},
+        {"method": "iris as_symmetric zero copy, one batched call", "ms": 2.0, "extra_bytes": 0},
         {"method": "iris copy into heap", "ms": 20.0, "extra_bytes": 1 << 30},
         {"method": "torch symm_mem empty+rendezvous+copy", "ms": 40.0, "extra_bytes": 1 << 30}]]}
     rows = bench_report.import_weights(weights)

@@ -57,9 +57,9 @@ class SymmetricHeap:
         self.closed = False
 
     def _open_peer_blocks(self, undo: ExitStack) -> None:
-        """Open each peer's block once: by IPC, or by VMM handles where torch's block is VMM-backed
-        (expandable_segments:True), which legacy IPC cannot open."""
-        found = self.retain(self.alloc.base, self.size) if self.device.type != "cpu" else None
+        """Open each peer's block once: by its VMM handles where it has them (torch's memory with
+        expandable_segments:True, which legacy IPC cannot open; shared memory on the host), else by IPC."""
+        found = self.retain(self.alloc.base, self.size)
         if found is not None:
             return self._map_peer_blocks(*found, undo)
         mine = self.driver.ipc_export(self.alloc.base, self.size)
