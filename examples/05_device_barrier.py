@@ -8,7 +8,6 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 import iris
 

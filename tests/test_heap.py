@@ -1,6 +1,5 @@
 """The heap end to end: real ranks on the host driver (and on GPUs where present)."""
 import os
-import time
 
 import pytest
 import torch
@@ -111,7 +110,6 @@ def test_fifty_heaps_leave_no_fds_or_mappings():
 
 def rank_absent(absent, timeout):
     import time as _t
-    from iris.distributed import launch  # noqa: F401  (imports as a real rank would)
     if int(os.environ["IRIS_RANK"]) == absent:
         _t.sleep(timeout + 3)
         return "absent"
