@@ -117,7 +117,9 @@ class Iris:
         """Give memory with no live tensor back to the device; returns bytes released. Collective."""
         return self.heap.trim()
 
-    def _empty(self, size, dtype, out, requires_grad) -> torch.Tensor:
+    def _made(self, size, dtype, device, out, requires_grad, fill=None) -> torch.Tensor:
+        """A new heap tensor (or out, checked), filled outside autograd, then requires_grad as asked."""
+        self._check_device(device)
         shape = _shape(size)
         dtype = dtype or torch.get_default_dtype()
         if out is not None:
@@ -125,37 +127,36 @@ class Iris:
                 raise ValueError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
                                  f"{'a heap' if self.is_symmetric(out) else 'a non-heap'} tensor of shape "
                                  f"{tuple(out.shape)} and dtype {out.dtype}")
-            return out
-        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
-        t = self.heap.tensor(self.heap.allocate(nbytes, ALIGN), shape, dtype)
+            t = out
+        else:
+            t = self.heap.tensor(self.heap.allocate(shape.numel() * dtype.itemsize, ALIGN), shape, dtype)
+        if fill is not None:
+            with torch.no_grad():
+                fill(t)
         return t.requires_grad_(requires_grad) if requires_grad else t
 
     def _check_device(self, device) -> None:
         if device is not None and torch.device(device).type != self.device.type:
             raise ValueError(f"the heap lives on {self.device}; got device={device!r} (leave it out)")
 
-    def _filled(self, size, value, dtype, device, out, requires_grad) -> torch.Tensor:
-        self._check_device(device)
-        t = self._empty(size, dtype, out, False)
-        with torch.no_grad():
-            t.fill_(value)
-        return t.requires_grad_(requires_grad) if requires_grad else t
+    def _copied(self, ref: torch.Tensor, out, requires_grad) -> torch.Tensor:
+        return self._made(ref.shape, ref.dtype, None, out, requires_grad, lambda t: t.copy_(ref))
 
     # -- factories (collective: all ranks, same order, same sizes) ---------
     def empty(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
-        self._check_device(device)
-        return self._empty(size, dtype, out, requires_grad)
+        return self._made(size, dtype, device, out, requires_grad)
 
     def zeros(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
-        return self._filled(size, 0, dtype, device, out, requires_grad)
+        return self._made(size, dtype, device, out, requires_grad, lambda t: t.fill_(0))
 
     def ones(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
-        return self._filled(size, 1, dtype, device, out, requires_grad)
+        return self._made(size, dtype, device, out, requires_grad, lambda t: t.fill_(1))
 
     def full(self, size, fill_value, *, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
         if dtype is None:  # torch infers it from the fill value
             dtype = torch.full((), fill_value).dtype
-        return self._filled((size,) if isinstance(size, int) else size, fill_value, dtype, device, out, requires_grad)
+        return self._made((size,) if isinstance(size, int) else size, dtype, device, out, requires_grad,
+                          lambda t: t.fill_(fill_value))
 
     def empty_like(self, t, *, dtype=None, requires_grad=False) -> torch.Tensor:
         return self.empty(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
@@ -168,12 +169,6 @@ class Iris:
 
     def full_like(self, t, fill_value, *, dtype=None, requires_grad=False) -> torch.Tensor:
         return self.full(t.shape, fill_value, dtype=dtype or t.dtype, requires_grad=requires_grad)
-
-    def _copied(self, ref: torch.Tensor, out, requires_grad) -> torch.Tensor:
-        t = self._empty(ref.shape, ref.dtype, out, False)
-        with torch.no_grad():
-            t.copy_(ref)
-        return t.requires_grad_(requires_grad) if requires_grad else t
 
     def arange(self, start: Number, end: Optional[Number] = None, step: Number = 1, *, dtype=None, device=None,
                out=None, requires_grad=False) -> torch.Tensor:
@@ -191,25 +186,18 @@ class Iris:
                              device=self.device)
         return self._copied(ref, out, requires_grad)
 
-    def _random(self, size, fill, dtype, device, out, requires_grad) -> torch.Tensor:
-        self._check_device(device)
-        t = self._empty(size, dtype, out, False)
-        with torch.no_grad():
-            fill(t)
-        return t.requires_grad_(requires_grad) if requires_grad else t
-
     def rand(self, *size, generator=None, dtype=None, device=None, out=None, requires_grad=False):
-        return self._random(size, lambda t: t.uniform_(0, 1, generator=generator), dtype, device, out, requires_grad)
+        return self._made(size, dtype, device, out, requires_grad, lambda t: t.uniform_(0, 1, generator=generator))
 
     def randn(self, *size, generator=None, dtype=None, device=None, out=None, requires_grad=False):
-        return self._random(size, lambda t: t.normal_(0, 1, generator=generator), dtype, device, out, requires_grad)
+        return self._made(size, dtype, device, out, requires_grad, lambda t: t.normal_(0, 1, generator=generator))
 
     def uniform(self, *size, low: float = 0.0, high: float = 1.0, generator=None, dtype=None, device=None,
                 out=None, requires_grad=False):
         if not low < high:
             raise ValueError(f"uniform needs low < high, got low={low} high={high}")
-        return self._random(size, lambda t: t.uniform_(low, high, generator=generator), dtype, device, out,
-                            requires_grad)
+        return self._made(size, dtype, device, out, requires_grad,
+                          lambda t: t.uniform_(low, high, generator=generator))
 
     def randint(self, *args, size=None, generator=None, dtype=torch.int64, device=None, out=None,
                 requires_grad=False):
@@ -223,8 +211,8 @@ class Iris:
         low, high, size = args
         if not low < high:
             raise ValueError(f"randint needs low < high, got low={low} high={high}")
-        return self._random((size,) if isinstance(size, int) else size,
-                            lambda t: t.random_(low, high, generator=generator), dtype, device, out, requires_grad)
+        return self._made((size,) if isinstance(size, int) else size, dtype, device, out, requires_grad,
+                          lambda t: t.random_(low, high, generator=generator))
 
     # -- importing existing tensors ----------------------------------------
     def as_symmetric(self, t, copy: Optional[bool] = None):

@@ -280,7 +280,7 @@ class SymmetricHeap:
     # -- views -------------------------------------------------------------
     def tensor(self, offset: int, shape, dtype: torch.dtype, rank: Optional[int] = None) -> torch.Tensor:
         """The tensor at offset in rank's heap as seen from this process (default: our own)."""
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        n = torch.Size(shape).numel() * dtype.itemsize
         view = self.views[self.rank if rank is None else rank]
         return view[offset:offset + n].view(dtype).view(shape)
 
