@@ -35,13 +35,21 @@ def device_name() -> str:
     return f"host CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+def command_line() -> str:
+    """The command line as typed: the launcher too, where iris.run or torchrun started the ranks."""
+    launcher = (f"python -m iris.run -n {os.environ['IRIS_WORLD_SIZE']} " if "IRIS_RANK" in os.environ
+                else f"torchrun --nproc-per-node {os.environ['WORLD_SIZE']} " if "LOCAL_RANK" in os.environ
+                else "python ")
+    return launcher + " ".join(sys.argv)
+
+
 def write_result(name: str, payload: dict, out: str | None = None) -> str:
     """Write payload with the device, the date and the command to benchmarks/results/ (or out)."""
     record = {
         "benchmark": name,
         "device": device_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": command_line(),
         "world_size": dist.get_world_size() if dist.is_initialized() else int(os.environ.get("IRIS_WORLD_SIZE", 1)),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         **payload,

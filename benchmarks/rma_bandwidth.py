@@ -31,6 +31,9 @@ import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import command_line  # noqa: E402
+
 import iris  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -377,8 +380,7 @@ def main(argv=None) -> int:
         print("needs at least 2 ranks: python -m iris.run -n 2 benchmarks/rma_bandwidth.py", file=sys.stderr)
         return 2
     result = {"benchmark": "rma_bandwidth", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "command": (f"python -m iris.run -n {b.world} " if "IRIS_RANK" in os.environ
-                          else "torchrun " if "LOCAL_RANK" in os.environ else "python ") + " ".join(sys.argv),
+              "command": command_line(),
               "ranks": b.world, "dry_run": args.dry_run, "allocator": b.ctx.allocator_name,
               "device": torch.cuda.get_device_name(b.dev) if b.gpu else "host (Triton interpreter)",
               "gpus_visible": torch.cuda.device_count() if b.gpu else 0,

@@ -48,6 +48,7 @@ class Iris:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
         self.allocator_name = name
         self._imported = {}  # (address, nbytes, dtype, shape) of an imported tensor -> (heap view, tensor)
+        self._imported_at = {}  # heap offset -> keys of _imported there, so free forgets an import in O(1)
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout)
         self.rank, self.world = self.group.rank, self.group.world
@@ -111,7 +112,13 @@ class Iris:
         """Give t's block back for reuse. Collective: all ranks free the same tensors in the same order."""
         offset = self.heap.offset_of(t)
         self.heap.free(offset)
-        self._imported = {k: v for k, v in self._imported.items() if self.heap.offset_of(v[0]) != offset}
+        keys = self._imported_at.get(offset)
+        if keys:  # forget the import this was (one of those at this offset, its shape and dtype first)
+            key = next((k for k in keys if k[2] == t.dtype and k[3] == tuple(t.shape)), keys[0])
+            keys.remove(key)
+            del self._imported[key]
+            if not keys:
+                del self._imported_at[offset]
 
     def trim(self) -> int:
         """Give memory with no live tensor back to the device; returns bytes released. Collective."""
@@ -230,32 +237,31 @@ class Iris:
             raise TypeError(f"copy must be None, True or False, got {copy!r}")
         for x in tensors:
             self._check_importable(x)
-        out, todo = [None] * len(tensors), []
+        out, todo, first = [None] * len(tensors), [], {}
         for i, x in enumerate(tensors):
             key = self._import_key(x)
             if self.heap.contains(x):
                 out[i] = x
             elif key in self._imported:
                 out[i] = self._imported[key][0]
-            else:
+            elif key not in first:  # a repeat in this batch takes its first occurrence's view
+                first[key] = i
                 todo.append(i)
         call = f"as_symmetric({len(todo)} tensors)" if batch else f"as_symmetric({tuple(t.shape)}, {t.dtype})"
         offsets = [None] * len(todo)
         if todo and self.heap.alloc.vmm and copy is not True:
-            items = []
-            for i in todo:
-                x = tensors[i]
-                found = self.heap.retain(self.heap.address(x), x.numel() * x.element_size()) if x.numel() else None
-                items.append((*(found or (None, 0)), (tuple(x.shape), str(x.dtype))))
-            offsets = self.heap.adopt(items, call)
-            for (parts, _, _), offset in zip(items, offsets):
-                if offset is None and parts:
-                    for _, _, handle in parts:
-                        self.driver.release(handle)
+            offsets = self.heap.adopt([(self.heap.address(tensors[i]), tensors[i].numel() * tensors[i].element_size())
+                                       for i in todo], [(tuple(tensors[i].shape), str(tensors[i].dtype)) for i in todo],
+                                      call)
         for i, offset in zip(todo, offsets):
             x = tensors[i]
             out[i] = self.heap.tensor(offset, x.shape, x.dtype) if offset is not None else self._copy_in(x, copy, call)
-            self._imported[self._import_key(x)] = (out[i], x)  # holding x keeps its allocator off the memory
+            key = self._import_key(x)
+            self._imported[key] = (out[i], x)  # holding x keeps its allocator off the memory
+            self._imported_at.setdefault(self.heap.offset_of(out[i]), []).append(key)
+        for i, x in enumerate(tensors):
+            if out[i] is None:
+                out[i] = out[first[self._import_key(x)]]
         return out if batch else out[0]
 
     def _check_importable(self, t) -> None:
@@ -295,7 +301,7 @@ class Iris:
 
     def is_zero_copy(self, t: torch.Tensor) -> bool:
         """Whether t is a heap view that aliases memory imported by as_symmetric."""
-        return self.heap.contains(t) and self.heap.offset_of(t) in self.heap._adopted
+        return self.heap.contains(t) and self.heap.is_adopted(self.heap.offset_of(t))
 
     @contextmanager
     def scope(self):
@@ -312,7 +318,7 @@ class Iris:
         """Release the heap and leave the job; idempotent. Collective while peers are alive."""
         if getattr(self, "heap", None) is not None:
             self.heap.close()
-            self._imported = {}
+            self._imported, self._imported_at = {}, {}
 
     def __enter__(self) -> "Iris":
         return self

@@ -21,8 +21,13 @@ def _usage():
 
 
 def rank_basics(allocator):
-    """Allocate, check offsets and bases, write into the next rank's copy, read what the previous wrote."""
+    """Allocate, check offsets and bases, write into the next rank's copy, read what the previous wrote.
+    "torch+expandable": the torch allocator over VMM-backed memory, which peers open by its handles."""
+    if allocator == "torch+expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # before this rank touches CUDA
+        allocator = "torch"
     ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
+    opened_by = ctx.heap.stats.get("peers_opened_by")
     r, w = ctx.get_rank(), ctx.get_num_ranks()
     bases = ctx.get_heap_bases()
     assert bases.dtype == torch.int64 and bases.device == ctx.get_device() and bases.shape == (w,)
@@ -49,14 +54,17 @@ def rank_basics(allocator):
     ctx.barrier()
     ctx.close()
     ctx.close()  # idempotent
-    return {"bases": bases, "offsets": offsets, "ok_a": ok_a, "ok_b": ok_b, "stable": stable}
+    return {"bases": bases, "offsets": offsets, "ok_a": ok_a, "ok_b": ok_b, "stable": stable, "opened_by": opened_by}
 
 
-@pytest.mark.parametrize("allocator", ALLOCATORS)
+@pytest.mark.parametrize("allocator", ALLOCATORS + ["torch+expandable"])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_ranks_share_offsets_and_write_peers(world, allocator):
     out = iris.spawn(rank_basics, world, args=(allocator,))
+    gpu = torch.cuda.is_available()
+    want = {"vmem": None, "torch": "ipc" if gpu else "vmm handles", "torch+expandable": "vmm handles"}[allocator]
     for r, res in enumerate(out):
+        assert res["opened_by"] == want, f"rank {r}: peers opened by {res['opened_by']}, expected {want}"
         assert res["ok_a"] and res["ok_b"], f"rank {r} did not see what rank {(r - 1) % world} wrote"
         assert len(set(res["bases"])) == world, f"rank {r}: heap bases not distinct: {res['bases']}"
         assert res["stable"], f"rank {r}: heap bases moved"

@@ -78,6 +78,91 @@ def test_zero_copy_aliases_and_peers_see_it():
     assert out[0]["offset"] == out[1]["offset"], "imported tensors must sit at the same offset on every rank"
 
 
+def _pages(driver, ptr, nbytes):
+    """Distinct physical pages (VMM allocations, or host files) behind [ptr, ptr + nbytes)."""
+    bases, at = [], ptr
+    while at < ptr + nbytes:
+        handle, base, size = driver.retain(at)
+        driver.release(handle)
+        bases.append(base)
+        at = base + size
+    return bases
+
+
+def _foreign(ctx):
+    return sum(s.foreign for s in ctx.heap.alloc.segments)
+
+
+def rank_neighbours():
+    """Slices of one allocation, imported in one batch, share a region: each page is mapped once."""
+    _zero_copy_env()
+    ctx = iris.iris(heap_size=1 << 30, allocator="vmem")
+    r, w, dev, d = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device(), ctx.driver
+    q = (r + 1) % w
+    n = (48 << 20) // 4  # on a GPU 48 MiB spans three expandable-segment pages
+    big = _vmm_backed(_pattern(n, r).to(dev))
+    cuts = [0, 1000, 1001, n // 3 + 7, n // 2, n - 5000, n]
+    parts = [big[a:b] for a, b in zip(cuts, cuts[1:])]
+    res = {}
+    before, fds0 = _foreign(ctx), len(os.listdir("/proc/self/fd"))
+    views = ctx.as_symmetric(parts + [parts[2], big[10:2000]])  # a repeat, and a view overlapping two parts
+    res["zero_copy"] = all(ctx.is_zero_copy(v) for v in views)
+    res["repeat_same"] = views[len(parts)] is views[2]
+    res["segments"] = (_foreign(ctx) - before, len(_pages(d, big.data_ptr(), big.nbytes)))
+    res["offsets"] = [ctx.heap.offset_of(v) for v in views]
+    res["equal"] = all(torch.equal(v, p) for v, p in zip(views, parts)) and torch.equal(views[-1], big[10:2000])
+    ctx.barrier()
+    peer_big = _pattern(n, q).to(dev)
+    res["peer"] = all(torch.equal(ctx.peer_view(v, q), peer_big[a:b]) for v, a, b in zip(views, cuts, cuts[1:]))
+    ctx.barrier()  # every rank has read its peer before any writes
+    poison = torch.full_like(parts[3], -7.0 - r)
+    views[3].copy_(poison)
+    res["write_through"] = torch.equal(parts[3], poison) and torch.equal(big[cuts[3]:cuts[4]], poison)
+    ctx.barrier()
+    res["peer_write"] = torch.equal(ctx.peer_view(views[3], q), torch.full_like(poison, -7.0 - q))
+    # rank 1's second piece sits one chunk further along: distances differ, so the batch splits in two
+    # regions (a shift that is not a whole chunk would leave no common offset, and b would be copied)
+    chunk = ctx.heap.alloc.chunk // 4
+    shift = chunk * r
+    a, b = big[:n // 4], big[n // 2 + shift:n // 2 + shift + n // 8]
+    split = ctx.as_symmetric([a, b])
+    res["split_zero_copy"] = all(ctx.is_zero_copy(v) for v in split)
+    res["split_equal"] = torch.equal(split[0], a) and torch.equal(split[1], b)
+    ctx.barrier()
+    peer_b = peer_big[n // 2 + chunk * q:n // 2 + chunk * q + n // 8]
+    res["split_peer"] = torch.equal(ctx.peer_view(split[1], q), peer_b)
+    for v in split:
+        ctx.free(v)
+    # freeing all but one part keeps the region; the last one gives it back
+    for v in views[:len(parts)]:
+        ctx.free(v)
+    res["kept"] = (_foreign(ctx) - before, torch.equal(views[-1], big[10:2000]))
+    ctx.barrier()
+    res["kept_peer"] = torch.equal(ctx.peer_view(views[-1], q), peer_big[10:2000])
+    ctx.free(views[-1])
+    res["released"] = _foreign(ctx) - before
+    res["fds"] = len(os.listdir("/proc/self/fd")) - fds0  # the host's handles are fds: none may leak
+    res["reimport"] = ctx.is_zero_copy(ctx.as_symmetric(parts[0]))
+    ctx.close()
+    res["original_after_close"] = torch.equal(big[cuts[3]:cuts[4]], poison)
+    return res
+
+
+def test_neighbouring_tensors_share_pages():
+    out = iris.spawn(rank_neighbours, 2)
+    for r, res in enumerate(out):
+        assert res["zero_copy"] and res["repeat_same"] and res["equal"], res
+        got, pages = res["segments"]
+        assert got == pages, f"rank {r}: the batch mapped {got} segments for {pages} pages; each page once"
+        assert res["peer"] and res["write_through"] and res["peer_write"], res
+        assert res["split_zero_copy"] and res["split_equal"] and res["split_peer"], res
+        assert res["kept"] == (pages, True) and res["kept_peer"], res
+        assert res["released"] == 0 and res["reimport"], res
+        assert res["fds"] == 0, f"rank {r} leaked {res['fds']} fds"
+        assert res["original_after_close"]
+    assert out[0]["offsets"] == out[1]["offsets"]
+
+
 def rank_copy_paths(allocator):
     ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
     dev = ctx.get_device()

@@ -1,6 +1,7 @@
 """SymmetricHeap: one allocator's memory, a view of every peer's, and heap_bases for kernels."""
 from __future__ import annotations
 
+import bisect
 import os
 from contextlib import ExitStack
 from typing import Dict, List, Optional
@@ -39,7 +40,8 @@ class SymmetricHeap:
         self.rank, self.world, self.size = group.rank, group.world, allocator.size
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
-        self._adopted: Dict[int, tuple] = {}  # offset of an imported tensor -> (region, span)
+        self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [region, imports there]
+        self._regions: Dict[int, list] = {}  # region of imported memory -> [span, live tensors in it]
         self.stats = {"allocations": 0, "frees": 0, "growths": 0, "exchanges": 0, "trims": 0}
         self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
         self._peer_va: Dict[int, int] = {}
@@ -59,9 +61,14 @@ class SymmetricHeap:
     def _open_peer_blocks(self, undo: ExitStack) -> None:
         """Open each peer's block once: by its VMM handles where it has them (torch's memory with
         expandable_segments:True, which legacy IPC cannot open; shared memory on the host), else by IPC."""
-        found = self.retain(self.alloc.base, self.size)
-        if found is not None:
-            return self._map_peer_blocks(*found, undo)
+        runs, pages = self._retain_runs([(self.alloc.base, self.size)])
+        if runs[0] is not None:
+            ptr, start, end = runs[0]
+            parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
+            self.stats["peers_opened_by"] = "vmm handles"
+            return self._map_peer_blocks(parts, ptr - start, undo)
+        self._release_pages(pages)
+        self.stats["peers_opened_by"] = "ipc"
         mine = self.driver.ipc_export(self.alloc.base, self.size)
         own_fds = [mine.fd] if mine.fd is not None else []
         try:
@@ -176,13 +183,23 @@ class SymmetricHeap:
 
     def free(self, offset: int) -> int:
         """Give a block back for reuse. Collective: all ranks, same order."""
-        if offset in self._adopted:  # an imported tensor: unmap it everywhere, hand its handles back
-            region, span = self._adopted.pop(offset)
-            self._drop_peer_range(region, region + span)
+        call = f"free(offset={offset})"
+        if offset in self._adopted:  # an imported tensor: its region goes when its last tensor does
+            entry = self._adopted[offset]
+            region, entry[1] = entry[0], entry[1] - 1
+            if not entry[1]:
+                del self._adopted[offset]
+            self._regions[region][1] -= 1
+            if self._regions[region][1]:
+                self.symmetry.record(call)
+                self.stats["frees"] += 1
+                return 0
+            span = self._regions.pop(region)[0]
+            self._drop_peer_range(region, region + span)  # unmap it everywhere, hand the handles back
             self.alloc.release(self.alloc.segments_in(region, span))
             offset = region
         size = self.alloc.free(offset)
-        self.symmetry.record(f"free(offset={offset})")
+        self.symmetry.record(call)
         self.stats["frees"] += 1
         return size
 
@@ -217,65 +234,128 @@ class SymmetricHeap:
                 self.driver.release(handle)
 
     # -- importing memory allocated elsewhere -------------------------------
-    def retain(self, ptr: int, nbytes: int):
-        """The handles behind [ptr, ptr + nbytes) as (offset from the first handle, size, handle), and
-        ptr's offset in the first; None when any part is not VMM memory (nothing stays retained)."""
-        parts, at = [], ptr
+    def _retain_runs(self, ranges):
+        """Per (ptr, nbytes): (ptr, start, end) of the run of whole VMM pages holding it, None where
+        any part is not VMM memory; and pages, base -> [size, handle, an address in it], each retained once (a page
+        under two tensors costs one driver call). The caller takes handles with _take and releases
+        the rest with _release_pages."""
+        pages, bases, runs = {}, [], []
         try:
-            while at < ptr + nbytes:
-                found = self.driver.retain(at)
-                if found is None:
-                    raise LookupError
-                handle, base, size = found
-                parts.append((base, size, handle))
-                if base + size <= at or (len(parts) > 1 and base != parts[-2][0] + parts[-2][1]):
-                    raise LookupError  # not one contiguous run of whole handles
-                at = base + size
-        except LookupError:
-            for _, _, handle in parts:
-                self.driver.release(handle)
-            return None
-        first = parts[0][0]
-        return [(base - first, size, handle) for base, size, handle in parts], ptr - first
+            for ptr, nbytes in ranges:
+                at, start, end = ptr, None, None
+                while nbytes and at < ptr + nbytes:
+                    i = bisect.bisect_right(bases, at) - 1
+                    if i < 0 or at >= bases[i] + pages[bases[i]][0]:
+                        found = self.driver.retain(at)
+                        if found is None:
+                            break
+                        handle, base, size = found
+                        pages[base] = [size, handle, at]
+                        bisect.insort(bases, base)
+                        i = bases.index(base)
+                    base, size = bases[i], pages[bases[i]][0]
+                    if not base <= at < base + size or (end is not None and base != end):
+                        break  # not one contiguous run of whole pages
+                    start, end, at = base if start is None else start, base + size, base + size
+                runs.append((ptr, start, end) if nbytes and at >= ptr + nbytes else None)
+        except BaseException:
+            self._release_pages(pages)
+            raise
+        return runs, pages
 
-    def adopt(self, items, call: str) -> List[Optional[int]]:
-        """Map every rank's handles so that each rank's tensor lands at one common heap offset, and
-        share them with peers: items are (parts or None, lead, meta) per tensor, as from retain().
-        Returns each tensor's offset, None where a rank cannot (nothing mapped; the caller copies).
-        One allgather and one exchange for the whole batch. Collective: all ranks, same tensors."""
-        g = self.alloc.chunk
-        mine = [(None if parts is None else (lead, parts[-1][0] + parts[-1][1]), meta) for parts, lead, meta in items]
-        got = self.group.allgather(mine, "as_symmetric")
-        if any([m for _, m in theirs] != [m for _, m in mine] for theirs in got):
-            raise SymmetryError(f"{call}: ranks import different tensors: {[[m for _, m in t] for t in got]}")
-        offsets, adopted, segments = [], [], []
-        try:
-            for i, (parts, lead, meta) in enumerate(items):
-                layouts = [theirs[i][0] for theirs in got]
-                if any(m is None for m in layouts) or len({m[0] % g for m in layouts}) > 1:
-                    offsets.append(None)
+    def _take(self, pages, base: int):
+        """A reference to the page at base that the caller now owns: the one _retain_runs holds the
+        first time, a new one after (a page mapped into two regions is released twice)."""
+        entry = pages[base]
+        if entry[1] is None:
+            return self.driver.retain(entry[2])[0]
+        handle, entry[1] = entry[1], None
+        return handle
+
+    def _release_pages(self, pages) -> None:
+        for entry in pages.values():
+            if entry[1] is not None:
+                self.driver.release(entry[1])
+                entry[1] = None
+
+    @staticmethod
+    def _groups(runs):
+        """Indices of the tensors every rank can map, grouped to share one region: neighbours in
+        rank 0's memory whose pages touch, at the same distances on every rank (a model's weights,
+        allocated in the same order everywhere, become a few groups)."""
+        ok = [i for i in range(len(runs[0])) if all(r[i] is not None for r in runs)]
+        groups, ends = [], []
+        for i in sorted(ok, key=lambda i: runs[0][i][0]):
+            if groups:
+                j = groups[-1][0]
+                if all(r[i][1] <= e and r[i][0] - r[j][0] == runs[0][i][0] - runs[0][j][0] for r, e in zip(runs, ends)):
+                    groups[-1].append(i)
+                    ends = [max(e, r[i][2]) for r, e in zip(runs, ends)]
                     continue
-                top = max(m[0] for m in layouts)  # every rank's tensor lands at region + top
-                span = max(top - m_lead + total for m_lead, total in layouts)
-                region, segs = self.alloc.adopt([(top - lead + rel, size, h) for rel, size, h in parts], span)
+            groups.append([i])
+            ends = [r[i][2] for r in runs]
+        return groups
+
+    def adopt(self, ranges, metas, call: str) -> List[Optional[int]]:
+        """Map the memory behind each (ptr, nbytes) into the heap so that each tensor sits at one
+        offset on every rank, and share it with peers. metas name the tensors (ranks must agree).
+        Returns each offset, None where some rank cannot map it (nothing mapped; the caller copies).
+        Tensors that neighbour each other share a region, so a page under two of them is mapped
+        and exported once. One allgather and one exchange for the batch. Collective."""
+        g = self.alloc.chunk
+        runs, pages = self._retain_runs(ranges)
+        offsets, adopted, segments = [None] * len(ranges), [], []
+        try:
+            got = self.group.allgather((runs, metas), "as_symmetric")
+            if any(m != metas for _, m in got):
+                raise SymmetryError(f"{call}: ranks import different tensors: {[m for _, m in got]}")
+            everyone = [r for r, _ in got]
+            for group in self._groups(everyone):
+                first = group[0]
+                layouts = [(r[first][0] - r[first][1], max(r[i][2] for i in group) - r[first][1]) for r in everyone]
+                if len({lead % g for lead, _ in layouts}) > 1:
+                    continue  # the tensors sit at different places in their pages: no common offset
+                top = max(lead for lead, _ in layouts)  # every rank's first tensor lands at region + top
+                span = round_up(max(top - lead + total for lead, total in layouts), g)
+                ptr, start, _ = runs[first]
+                end, parts = max(runs[i][2] for i in group), []
+                try:
+                    base = start
+                    while base < end:
+                        parts.append((top - (ptr - start) + base - start, pages[base][0], self._take(pages, base)))
+                        base += pages[base][0]
+                    region, segs = self.alloc.adopt(parts, span)
+                except BaseException:
+                    for _, _, handle in parts:
+                        self.driver.release(handle)
+                    raise
                 adopted.append((region, segs))
                 segments += segs
-                offsets.append(region + top)
-                self._adopted[region + top] = (region, round_up(span, g))
+                self._regions[region] = [span, len(group)]
+                for i in group:
+                    off = region + top + runs[i][0] - ptr
+                    offsets[i] = off
+                    self._adopted.setdefault(off, [region, 0])[1] += 1
         except BaseException:
-            self._undo_adopted(adopted, offsets)
+            self._undo_adopted(adopted)
             raise
+        finally:
+            self._release_pages(pages)
         if segments:
-            self._grow(len(segments), [r for r, _ in adopted], segments, call,
-                       lambda: self._undo_adopted(adopted, offsets))
+            self._grow(len(segments), [r for r, _ in adopted], segments, call, lambda: self._undo_adopted(adopted))
         self.symmetry.record(call)
         return offsets
 
-    def _undo_adopted(self, adopted, offsets) -> None:
+    def _undo_adopted(self, adopted) -> None:
         for region, segs in adopted:
             self.alloc.undo(region, segs)
-        for off in offsets:
-            self._adopted.pop(off, None)
+            self._regions.pop(region, None)
+            for off in [o for o, (r, _) in self._adopted.items() if r == region]:
+                del self._adopted[off]
+
+    def is_adopted(self, offset: int) -> bool:
+        """Whether offset holds a tensor that as_symmetric mapped without copying."""
+        return offset in self._adopted
 
     # -- views -------------------------------------------------------------
     def tensor(self, offset: int, shape, dtype: torch.dtype, rank: Optional[int] = None) -> torch.Tensor:
