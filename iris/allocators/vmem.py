@@ -112,7 +112,9 @@ class VMemAllocator:
         """
         span = round_up(span, self.chunk)
         region = self.offsets.allocate(span, self.chunk, top=True)
-        if region is None or any(s.offset < region + span and region < s.offset + s.size for s in self.segments):
+        i = 0 if region is None else bisect.bisect_left(self.segments, region, key=lambda s: s.offset)
+        if region is None or any(region < s.offset + s.size and s.offset < region + span  # segments it would hit
+                                 for s in self.segments[max(i - 1, 0):i + 1]):
             if region is not None:
                 self.offsets.free(region)
             raise HeapOutOfMemory(span, self.offsets.free_bytes, self.size,

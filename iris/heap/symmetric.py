@@ -251,8 +251,8 @@ class SymmetricHeap:
                             break
                         handle, base, size = found
                         pages[base] = [size, handle, at]
-                        bisect.insort(bases, base)
-                        i = bases.index(base)
+                        i = bisect.bisect_left(bases, base)
+                        bases.insert(i, base)
                     base, size = bases[i], pages[bases[i]][0]
                     if not base <= at < base + size or (end is not None and base != end):
                         break  # not one contiguous run of whole pages
