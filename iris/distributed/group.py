@@ -185,12 +185,15 @@ class Group:
             self._fail(f"rank {to} left the job during {what} ({e})", [to])
 
     def _answer(self, what: str):
+        # Rank 0 gives up on missing ranks after the timeout and says which they were; waiting a
+        # little longer than that lets its verdict, not this rank's own clock, name them.
+        wait = self.timeout * 1.1 + 2.0
         try:
-            self._root.settimeout(self.timeout)
+            self._root.settimeout(wait)
             (tag, payload), self._received = recv_msg(self._root)
         except socket.timeout:
-            raise BootstrapError(f"rank {self.rank}: no answer from rank 0 at {what} within {self.timeout:.1f} s; "
-                                 "a rank did not arrive", [0]) from None
+            raise BootstrapError(f"rank {self.rank}: no answer from rank 0 at {what} within {wait:.1f} s; "
+                                 "rank 0 or a rank it waits for did not arrive", [0]) from None
         except (OSError, EOFError) as e:
             raise BootstrapError(f"rank {self.rank}: rank 0 left the job during {what} ({e})", [0]) from None
         if tag == "error":
