@@ -237,9 +237,9 @@ class Iris:
             raise TypeError(f"copy must be None, True or False, got {copy!r}")
         for x in tensors:
             self._check_importable(x)
+        keys = [self._import_key(x) for x in tensors]
         out, todo, first = [None] * len(tensors), [], {}
-        for i, x in enumerate(tensors):
-            key = self._import_key(x)
+        for i, (x, key) in enumerate(zip(tensors, keys)):
             if self.heap.contains(x):
                 out[i] = x
             elif key in self._imported:
@@ -250,18 +250,17 @@ class Iris:
         call = f"as_symmetric({len(todo)} tensors)" if batch else f"as_symmetric({tuple(t.shape)}, {t.dtype})"
         offsets = [None] * len(todo)
         if todo and self.heap.alloc.vmm and copy is not True:
-            offsets = self.heap.adopt([(self.heap.address(tensors[i]), tensors[i].numel() * tensors[i].element_size())
-                                       for i in todo], [(tuple(tensors[i].shape), str(tensors[i].dtype)) for i in todo],
-                                      call)
+            xs = [tensors[i] for i in todo]
+            offsets = self.heap.adopt([(self.heap.address(x), x.numel() * x.element_size()) for x in xs],
+                                      [(tuple(x.shape), str(x.dtype)) for x in xs], call)
         for i, offset in zip(todo, offsets):
             x = tensors[i]
             out[i] = self.heap.tensor(offset, x.shape, x.dtype) if offset is not None else self._copy_in(x, copy, call)
-            key = self._import_key(x)
-            self._imported[key] = (out[i], x)  # holding x keeps its allocator off the memory
-            self._imported_at.setdefault(self.heap.offset_of(out[i]), []).append(key)
-        for i, x in enumerate(tensors):
+            self._imported[keys[i]] = (out[i], x)  # holding x keeps its allocator off the memory
+            self._imported_at.setdefault(self.heap.offset_of(out[i]), []).append(keys[i])
+        for i, key in enumerate(keys):
             if out[i] is None:
-                out[i] = out[first[self._import_key(x)]]
+                out[i] = out[first[key]]
         return out if batch else out[0]
 
     def _check_importable(self, t) -> None:

@@ -63,7 +63,7 @@ class SymmetricHeap:
         expandable_segments:True, which legacy IPC cannot open; shared memory on the host), else by IPC."""
         runs, pages = self._retain_runs([(self.alloc.base, self.size)])
         if runs[0] is not None:
-            ptr, start, end = runs[0]
+            ptr, start, _ = runs[0]
             parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
             self.stats["peers_opened_by"] = "vmm handles"
             return self._map_peer_blocks(parts, ptr - start, undo)
@@ -184,21 +184,20 @@ class SymmetricHeap:
     def free(self, offset: int) -> int:
         """Give a block back for reuse. Collective: all ranks, same order."""
         call = f"free(offset={offset})"
-        if offset in self._adopted:  # an imported tensor: its region goes when its last tensor does
+        if offset not in self._adopted:
+            size = self.alloc.free(offset)
+        else:  # an imported tensor: its region goes when its last tensor does
             entry = self._adopted[offset]
             region, entry[1] = entry[0], entry[1] - 1
             if not entry[1]:
                 del self._adopted[offset]
             self._regions[region][1] -= 1
-            if self._regions[region][1]:
-                self.symmetry.record(call)
-                self.stats["frees"] += 1
-                return 0
-            span = self._regions.pop(region)[0]
-            self._drop_peer_range(region, region + span)  # unmap it everywhere, hand the handles back
-            self.alloc.release(self.alloc.segments_in(region, span))
-            offset = region
-        size = self.alloc.free(offset)
+            size = 0
+            if not self._regions[region][1]:
+                span = self._regions.pop(region)[0]
+                self._drop_peer_range(region, region + span)  # unmap it everywhere, hand the handles back
+                self.alloc.release(self.alloc.segments_in(region, span))
+                size = self.alloc.free(region)
         self.symmetry.record(call)
         self.stats["frees"] += 1
         return size
