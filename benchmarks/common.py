@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -60,3 +61,29 @@ def write_result(name: str, payload: dict, out: str | None = None) -> str:
     with open(path, "w") as f:
         json.dump(record, f, indent=2)
     return path
+
+
+def sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(dev, fn, reps: int, warmup: int = 2) -> list:
+    """Seconds of each of reps calls of fn, timed on the device."""
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    if dev.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(dev)
+        return [start.elapsed_time(end) / 1e3 for start, end in events]
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out

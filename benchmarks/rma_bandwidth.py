@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")                 # no NVLink multicast (shared machines)
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -32,7 +31,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command_line  # noqa: E402
+from common import command_line, timed  # noqa: E402
 
 import iris  # noqa: E402
 
@@ -41,25 +40,15 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 # -- kernels ---------------------------------------------------------------------------------------------
 @triton.jit
-def put_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, MASKED: tl.constexpr):
-    """Grid-stride loop: my src[0:n] into peer's dst[0:n]."""
+def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, MASKED: tl.constexpr, PUT: tl.constexpr):
+    """Grid-stride loop: PUT writes my src[0:n] into peer's dst[0:n]; else reads peer's src into my dst."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         o = start + tl.arange(0, BLOCK)
-        if MASKED:
-            iris.put(src + o, dst + o, me, peer, heap_bases, mask=o < n)
+        mask = o < n if MASKED else None
+        if PUT:
+            iris.put(src + o, dst + o, me, peer, heap_bases, mask=mask)
         else:
-            iris.put(src + o, dst + o, me, peer, heap_bases)
-
-
-@triton.jit
-def get_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, MASKED: tl.constexpr):
-    """Grid-stride loop: peer's src[0:n] into my dst[0:n]."""
-    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        o = start + tl.arange(0, BLOCK)
-        if MASKED:
-            iris.get(src + o, dst + o, peer, me, heap_bases, mask=o < n)
-        else:
-            iris.get(src + o, dst + o, peer, me, heap_bases)
+            iris.get(src + o, dst + o, peer, me, heap_bases, mask=mask)
 
 
 @triton.jit
@@ -104,32 +93,6 @@ def init_distributed(gpu: bool) -> tuple[int, int]:
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
     return rank, world
-
-
-def sync(dev) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def timed(dev, fn, reps: int, warmup: int = 2) -> list:
-    """Seconds of each of reps calls of fn, timed on the device."""
-    for _ in range(warmup):
-        fn()
-    sync(dev)
-    if dev.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize(dev)
-        return [start.elapsed_time(end) / 1e3 for start, end in events]
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def median(xs):
@@ -177,9 +140,9 @@ class Bench:
 
     def launch(self, kind, src, dst, n, peer, cfg=None):
         cfg = cfg or self.config[kind]
-        kernel = put_kernel if kind == "put" else get_kernel
-        kernel[grid_for(n, cfg["block"], cfg["programs"])](src, dst, n, self.rank, peer, self.hb, BLOCK=cfg["block"],
-                                                           MASKED=n % cfg["block"] != 0, num_warps=cfg["num_warps"])
+        copy_kernel[grid_for(n, cfg["block"], cfg["programs"])](src, dst, n, self.rank, peer, self.hb,
+                                                                BLOCK=cfg["block"], MASKED=n % cfg["block"] != 0,
+                                                                PUT=kind == "put", num_warps=cfg["num_warps"])
 
     def tune(self, src, dst):
         """Pick block, warps and programs for put and get at one large size (rank 0 to rank 1)."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import write_result  # noqa: E402
+from common import timed, write_result  # noqa: E402
 
 import iris  # noqa: E402
 
@@ -77,19 +77,8 @@ def main():
         bulk.max_dynamic_shared_size_bytes = 200 * 1024
         peer_dst, peer_src = ctx.peer_view(dst, 1), ctx.peer_view(src, 1)
 
-        def timeit(fn, reps=20):
-            fn(), fn()
-            torch.cuda.synchronize()
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-            for a, b in ev:
-                a.record()
-                fn()
-                b.record()
-            torch.cuda.synchronize()
-            return statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
-
         def row(method, direction, config, fn, nbytes):
-            g = nbytes / timeit(fn) / 1e9
+            g = nbytes / statistics.median(timed(dev, fn, 20)) / 1e9
             rows.append({"method": method, "direction": direction, "config": config, "bytes": nbytes, "GBps": g})
             print(f"{method:>10} {direction} {config:>16} {nbytes >> 20:6d} MiB {g:7.1f} GB/s", flush=True)
 
