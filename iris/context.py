@@ -288,10 +288,11 @@ class Iris:
             warnings.warn(f"{call} copied {t.numel() * t.element_size()} bytes into the heap: {why}", stacklevel=3)
         return self._copied(t, None, False)
 
-    def load_safetensors(self, path: str, shard=None, names=None) -> dict:
-        """name -> heap tensor, read from a safetensors file (see iris.weights). Collective."""
+    def load_safetensors(self, path, shard=None, names=None, **options) -> dict:
+        """name -> heap tensor, read from a safetensors file, list of files or directory of shards
+        (see iris.weights.load_safetensors for options). Collective."""
         from .weights import load_safetensors
-        return load_safetensors(self, path, shard, names)
+        return load_safetensors(self, path, shard, names, **options)
 
     def module_to_heap(self, module: torch.nn.Module, copy: Optional[bool] = None) -> torch.nn.Module:
         """Move module's parameters and buffers onto the heap in place (see iris.weights). Collective."""

@@ -1,0 +1,166 @@
+"""Reads planned byte ranges into tensors, fast: several reader threads (preadv releases the GIL),
+each streaming its own contiguous share of the plan so the kernel's readahead sees sequential
+reads. On the host the bytes go straight into the destination's memory. On a GPU they go into
+pinned staging buffers reused in a ring, and each filled buffer is copied to the device on a
+side stream while the readers fill the next ones; an event per buffer says when it is free again.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import threading
+from typing import Dict, List, Sequence
+
+import torch
+
+from .errors import IrisError
+from .read_plan import Read
+
+
+class ReadError(IrisError, OSError):
+    """A checkpoint file could not be read as planned (it changed or shrank after its header was read)."""
+
+
+def _memory(ptr: int, nbytes: int) -> memoryview:
+    return memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+
+
+def _read(fds: Dict[int, int], files: Sequence[str], read: Read, ptr: int, scratch: memoryview) -> None:
+    """preadv the read's file range: kept bytes to ptr, one after another; gaps to scratch."""
+    fd = fds.get(read.file)
+    if fd is None:
+        fd = fds[read.file] = os.open(files[read.file], os.O_RDONLY)
+    dst = _memory(ptr, read.kept) if read.kept else None
+    bufs, at = [], 0
+    for n, keep in read.segments:
+        bufs.append(dst[at:at + n] if keep else scratch[:n])
+        at += n if keep else 0
+    offset = read.offset
+    while bufs:
+        got = os.preadv(fd, bufs, offset)
+        if got == 0:
+            raise ReadError(f"{files[read.file]}: end of file at byte {offset}, but the header promised more; "
+                            "the file was truncated while loading")
+        offset += got
+        while bufs and got >= len(bufs[0]):
+            got -= len(bufs[0])
+            bufs.pop(0)
+        if bufs and got:
+            bufs[0] = bufs[0][got:]
+
+
+def _shares(reads: List[Read], k: int) -> List[List[Read]]:
+    """k contiguous parts of the plan with about the same bytes each."""
+    total = sum(r.nbytes for r in reads) or 1
+    parts, acc = [[] for _ in range(k)], 0
+    for r in reads:
+        parts[min(k - 1, acc * k // total)].append(r)
+        acc += r.nbytes
+    return [p for p in parts if p]
+
+
+def _run_readers(files, reads, readers: int, step) -> None:
+    """Run step(fds, read, scratch) over the plan on `readers` threads; the first error stops all
+    and is raised here."""
+    parts = _shares(reads, readers)
+    scratch_len = max((n for r in reads for n, keep in r.segments if not keep), default=0)
+    errors: List[BaseException] = []
+    stop = threading.Event()
+
+    def worker(part):
+        fds, scratch = {}, memoryview(bytearray(scratch_len))
+        try:
+            for read in part:
+                if stop.is_set():
+                    return
+                step(fds, read, scratch)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(e)
+            stop.set()
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    threads = [threading.Thread(target=worker, args=(p,), daemon=True) for p in parts[1:]]
+    for t in threads:
+        t.start()
+    worker(parts[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def read_into(files: Sequence[str], reads: List[Read], dsts: List[torch.Tensor], readers: int,
+              chunk: int, slots: int) -> dict:
+    """Fill dsts (contiguous uint8 views of the destination tensors) from the plan; returns stats:
+    bytes read and kept, reads, pinned staging bytes at peak."""
+    stats = {"bytes_read": sum(r.nbytes for r in reads), "bytes_kept": sum(r.kept for r in reads),
+             "reads": len(reads), "readers": 0, "pinned_bytes": 0}
+    if not reads:
+        return stats
+    readers = max(1, min(readers, len(reads)))
+    stats["readers"] = readers
+    if dsts[0].device.type == "cpu":
+        _run_readers(files, reads, readers,
+                     lambda fds, r, scratch: _read(fds, files, r, dsts[r.dst].data_ptr() + r.dst_offset, scratch))
+        return stats
+    _staged(files, reads, dsts, readers, min(chunk, max(r.kept for r in reads)), max(slots, readers), stats)
+    return stats
+
+
+def _staged(files, reads, dsts, readers: int, chunk: int, slots: int, stats: dict) -> None:
+    """GPU destinations: readers fill pinned slots, this thread issues each slot's copy on a side
+    stream and hands the slot back; a reader waits on the slot's event before refilling it."""
+    device = dsts[0].device
+    ring = queue.Queue()
+    for _ in range(min(slots, len(reads))):
+        ring.put((torch.empty(chunk, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()))
+    stats["pinned_bytes"] = ring.qsize() * chunk
+    filled = queue.Queue()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+
+    def step(fds, read, scratch):
+        buf, event = ring.get()
+        if buf is None:  # the loader stopped
+            raise ReadError("stopped")
+        event.synchronize()  # the copy out of this buffer is done
+        _read(fds, files, read, buf.data_ptr(), scratch)
+        filled.put((read, buf, event))
+
+    done = threading.Event()
+    failure: List[BaseException] = []
+
+    def readers_then_mark():
+        try:
+            _run_readers(files, reads, readers, step)
+        except BaseException as e:  # noqa: BLE001
+            failure.append(e)
+        finally:
+            done.set()
+            filled.put(None)
+
+    feeder = threading.Thread(target=readers_then_mark, daemon=True)
+    feeder.start()
+    copied = 0
+    try:
+        with torch.cuda.stream(side):
+            while copied < len(reads):
+                item = filled.get()
+                if item is None:
+                    break
+                read, buf, event = item
+                dsts[read.dst][read.dst_offset:read.dst_offset + read.kept].copy_(buf[:read.kept], non_blocking=True)
+                event.record(side)
+                ring.put((buf, event))
+                copied += 1
+    finally:
+        if copied < len(reads):  # a reader failed: wake any reader waiting for a slot
+            for _ in range(readers):
+                ring.put((None, None))
+        feeder.join()
+        side.synchronize()
+    if failure:
+        raise failure[0]
