@@ -12,6 +12,7 @@ import queue
 import threading
 from typing import Dict, List, Sequence
 
+import numpy as np
 import torch
 
 from .errors import IrisError
@@ -26,28 +27,29 @@ def _memory(ptr: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
 
 
+def _pread(fd: int, path: str, buf: memoryview, offset: int) -> None:
+    """Fill buf from the file at offset (preadv may return less than asked)."""
+    while len(buf):
+        got = os.preadv(fd, [buf], offset)
+        if got == 0:
+            raise ReadError(f"{path}: end of file at byte {offset}, but its header promised more bytes; "
+                            "the file was truncated while loading")
+        buf, offset = buf[got:], offset + got
+
+
 def _read(fds: Dict[int, int], files: Sequence[str], read: Read, ptr: int, scratch: memoryview) -> None:
-    """preadv the read's file range: kept bytes to ptr, one after another; gaps to scratch."""
+    """The read's kept bytes to ptr, one run after another: straight there when they are one
+    range, else through scratch and a strided copy (one syscall however many runs)."""
     fd = fds.get(read.file)
     if fd is None:
         fd = fds[read.file] = os.open(files[read.file], os.O_RDONLY)
-    dst = _memory(ptr, read.kept) if read.kept else None
-    bufs, at = [], 0
-    for n, keep in read.segments:
-        bufs.append(dst[at:at + n] if keep else scratch[:n])
-        at += n if keep else 0
-    offset = read.offset
-    while bufs:
-        got = os.preadv(fd, bufs, offset)
-        if got == 0:
-            raise ReadError(f"{files[read.file]}: end of file at byte {offset}, but the header promised more; "
-                            "the file was truncated while loading")
-        offset += got
-        while bufs and got >= len(bufs[0]):
-            got -= len(bufs[0])
-            bufs.pop(0)
-        if bufs and got:
-            bufs[0] = bufs[0][got:]
+    if read.contiguous:
+        return _pread(fd, files[read.file], _memory(ptr, read.kept), read.offset)
+    _pread(fd, files[read.file], scratch[:read.nbytes], read.offset)
+    # numpy: one thread, no intra-op thread pool fighting the other readers
+    src = np.lib.stride_tricks.as_strided(np.frombuffer(scratch, np.uint8, read.nbytes), (read.count, read.run),
+                                          (read.stride, 1))
+    np.copyto(np.frombuffer(_memory(ptr, read.kept), np.uint8).reshape(read.count, read.run), src)
 
 
 def _shares(reads: List[Read], k: int) -> List[List[Read]]:
@@ -64,7 +66,7 @@ def _run_readers(files, reads, readers: int, step) -> None:
     """Run step(fds, read, scratch) over the plan on `readers` threads; the first error stops all
     and is raised here."""
     parts = _shares(reads, readers)
-    scratch_len = max((n for r in reads for n, keep in r.segments if not keep), default=0)
+    scratch_len = max((r.nbytes for r in reads if not r.contiguous), default=0)
     errors: List[BaseException] = []
     stop = threading.Event()
 

@@ -10,25 +10,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-import torch
+import numpy as np
 
 IOV_MAX = 1024  # Linux's limit on buffers per preadv
 
 
 @dataclass
 class Read:
-    """file bytes [offset, offset + sum of segments), each segment (nbytes, keep); the kept bytes
-    land one after another in destination tensor dst from byte dst_offset."""
+    """count runs of `run` bytes, `stride` bytes apart from file offset `offset`, read as one range
+    (the gaps between runs are read and dropped); the runs land one after another in destination
+    tensor dst from byte dst_offset."""
     file: int
     offset: int
     dst: int
     dst_offset: int
-    segments: List[Tuple[int, bool]] = field(default_factory=list)
-    kept: int = 0
+    count: int
+    stride: int
+    run: int
+
+    @property
+    def kept(self) -> int:
+        return self.count * self.run
 
     @property
     def nbytes(self) -> int:
-        return sum(n for n, _ in self.segments)
+        return (self.count - 1) * self.stride + self.run
+
+    @property
+    def contiguous(self) -> bool:
+        return self.count == 1 or self.stride == self.run
 
 
 def normalize(index, shape: Tuple[int, ...], name: str) -> Optional[Tuple[slice, ...]]:
@@ -55,7 +65,7 @@ def slice_runs(shape: Tuple[int, ...], itemsize: int, index: Optional[Sequence[s
     rng = [s.indices(d) for s, d in zip(index, shape)]
     lens = tuple(len(range(*r)) for r in rng)
     if 0 in lens or not shape:
-        return lens, ([0] if not shape else []), (itemsize if not shape else 0)
+        return lens, np.zeros(0 if shape else 1, dtype=np.int64), (0 if shape else itemsize)
     strides = [1] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * shape[d + 1]
@@ -64,40 +74,38 @@ def slice_runs(shape: Tuple[int, ...], itemsize: int, index: Optional[Sequence[s
         inner *= shape[j]
         j -= 1
     if j < 0:
-        return lens, [0], inner * itemsize
+        return lens, np.zeros(1, dtype=np.int64), inner * itemsize
     base, outer = 0, list(range(j + 1))
     if rng[j][2] == 1:  # dimension j's slice is contiguous too: runs span it
         base, outer, inner = rng[j][0] * strides[j], outer[:-1], inner * lens[j]
-    offs = torch.tensor(base, dtype=torch.int64)
+    offs = np.array(base, dtype=np.int64)
     for d in outer:
-        offs = offs[..., None] + (torch.arange(lens[d], dtype=torch.int64) * rng[d][2] + rng[d][0]) * strides[d]
-    return lens, (offs.reshape(-1) * itemsize).tolist(), inner * itemsize
+        offs = offs[..., None] + (np.arange(lens[d], dtype=np.int64) * rng[d][2] + rng[d][0]) * strides[d]
+    return lens, offs.reshape(-1) * itemsize, inner * itemsize
 
 
 def plan(file: int, offset: int, starts: Sequence[int], run: int, dst: int, chunk: int, max_gap: int) -> List[Read]:
     """Reads that bring runs (byte offsets `starts` from `offset` in `file`, `run` bytes each) into
-    destination dst, each keeping at most chunk bytes."""
-    reads: List[Read] = []
-    op, dst_off, prev_end = None, 0, None
-    for s in starts:
-        gap = 0 if prev_end is None else s - prev_end
-        if op is not None and (gap > max_gap or op.kept >= chunk or len(op.segments) >= IOV_MAX - 2):
-            op = None
-        if op is None:
-            op = Read(file, offset + s, dst, dst_off)
-            reads.append(op)
-        elif gap:
-            op.segments.append((gap, False))
-        pos = 0
-        while pos < run:
-            if op.kept >= chunk:
-                op = Read(file, offset + s + pos, dst, dst_off)
-                reads.append(op)
-            n = min(chunk - op.kept, run - pos)
-            if op.segments and op.segments[-1][1]:
-                op.segments[-1] = (op.segments[-1][0] + n, True)
-            else:
-                op.segments.append((n, True))
-            op.kept, dst_off, pos = op.kept + n, dst_off + n, pos + n
-        prev_end = s + run
-    return reads
+    destination dst, each reading at most chunk bytes: a run longer than chunk is split; shorter
+    runs are grouped while they are evenly spaced with gaps of at most max_gap."""
+    if not len(starts) or not run:
+        return []
+    if run >= chunk:  # big runs (a row slice, a whole tensor): pieces of chunk bytes
+        return [Read(file, offset + int(s) + p, dst, i * run + p, 1, run, min(chunk, run - p))
+                for i, s in enumerate(starts) for p in range(0, run, chunk)]
+    st = np.asarray(starts, dtype=np.int64)
+    n = len(st)
+    step = np.full(n, run, dtype=np.int64)  # step[i]: distance from run i-1 to run i
+    step[1:] = np.diff(st)
+    new = np.ones(n, dtype=bool)
+    new[1:] = step[1:] - run > max_gap  # a wide gap starts a new read
+    new[2:] |= step[2:] != step[1:-1]  # and so does a change of spacing
+    first = np.flatnonzero(new)
+    group = np.cumsum(new) - 1
+    stride = step[np.minimum(first + 1, n - 1)][group]  # spacing inside each group
+    per = np.maximum((chunk - run) // stride + 1, 1)  # runs that fit chunk bytes of range
+    new |= (np.arange(n) - first[group]) % per == 0
+    heads = np.flatnonzero(new).tolist() + [n]
+    strides, starts = stride.tolist(), st.tolist()
+    return [Read(file, offset + starts[a], dst, a * run, b - a, strides[a] if b - a > 1 else run, run)
+            for a, b in zip(heads[:-1], heads[1:])]
