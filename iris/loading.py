@@ -132,19 +132,17 @@ def _staged(files, reads, dsts, readers: int, chunk: int, slots: int, stats: dic
         _read(fds, files, read, buf.data_ptr(), scratch)
         filled.put((read, buf, event))
 
-    done = threading.Event()
     failure: List[BaseException] = []
 
-    def readers_then_mark():
+    def feed():
         try:
             _run_readers(files, reads, readers, step)
         except BaseException as e:  # noqa: BLE001
             failure.append(e)
         finally:
-            done.set()
             filled.put(None)
 
-    feeder = threading.Thread(target=readers_then_mark, daemon=True)
+    feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     copied = 0
     try:
