@@ -191,6 +191,8 @@ def main():
     rank, world = init_torch_distributed()
     ctx = iris.iris(heap_size=1 << 40, allocator="vmem")
     dev = ctx.get_device()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # torch's intra-op threads stall on a shared host and slow every torch copy
     gib = args.gib or (8 if dev.type == "cuda" else 0.25)
     shapes = layout(gib)
     folder = args.dir or f"/tmp/iris-load-weights-{os.getuid()}-{gib:g}g-{args.files}f"

@@ -124,7 +124,12 @@ def _staged(files, reads, dsts, readers: int, chunk: int, slots: int, stats: dic
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
 
+    bound = threading.local()
+
     def step(fds, read, scratch):
+        if not getattr(bound, "device", False):  # events and pinned memory of this rank's device
+            torch.cuda.set_device(device)
+            bound.device = True
         buf, event = ring.get()
         if buf is None:  # the loader stopped
             raise ReadError("stopped")
