@@ -183,7 +183,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=None, help="checkpoint size (default 8 on GPUs, 0.25 on the host)")
     ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--dir", default=None, help="where the checkpoint is written (default /tmp/iris-load-weights-<uid>)")
+    ap.add_argument("--dir", default=None, help="checkpoint folder (default /tmp/iris-load-weights-...)")
     ap.add_argument("--reps", type=int, default=2, help="warm repetitions (the best is kept)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold runs (no page-cache dropping)")
     ap.add_argument("--out", default=None)
@@ -285,9 +285,11 @@ def main():
         print(f"{'path':>42} {'':>5} {'s':>7} {'GB/s':>7} {'dev MiB':>8} {'pinned MiB':>10} checked")
         for row in rows:
             print(f"{row['path']:>42} {'cold' if row['cold'] else 'warm':>5} {row['seconds']:7.3f} {row['GBps']:7.2f} "
-                  f"{row['device_bytes_outside_heap'] / 2**20:8.0f} {(row['pinned_bytes'] or 0) / 2**20:10.0f} {row['checked']}")
+                  f"{row['device_bytes_outside_heap'] / 2**20:8.0f} {(row['pinned_bytes'] or 0) / 2**20:10.0f} "
+                  f"{row['checked']}")
         for s in sharded:
-            print(f"shard {s['shard']:>32} 1/{s['parts']}: {s['seconds']:.3f} s, read {s['bytes_read'] / 2**20:.1f} MiB "
+            print(f"shard {s['shard']:>32} 1/{s['parts']}: {s['seconds']:.3f} s, "
+                  f"read {s['bytes_read'] / 2**20:.1f} MiB "
                   f"for {s['bytes_kept'] / 2**20:.1f} MiB kept in {s['reads']} reads, checked {s['checked']}")
         by = {(r["path"], r["cold"]): r["seconds"] for r in rows}
         goals = {"warm_vs_safetensors": by[("safetensors load_file", False)] / by[("iris load_safetensors", False)]}

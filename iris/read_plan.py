@@ -7,7 +7,7 @@ larger gaps are skipped. A read keeps at most `chunk` bytes, so it fits one stag
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
