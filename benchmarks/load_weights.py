@@ -63,9 +63,9 @@ def write_checkpoint(folder: str, shapes: dict, nfiles: int) -> list:
         while names and (done < total * (k + 1) // nfiles or k == nfiles - 1):
             n = names.pop(0)
             numel = torch.Size(shapes[n]).numel()
-            flat = torch.cat([pool[(at + i) % (pool.numel() - 1):][:min(numel - i, pool.numel() // 2)]
-                              for i in range(0, numel, pool.numel() // 2)])
-            part[n] = flat[:numel].reshape(shapes[n])
+            half = pool.numel() // 2  # pieces of at most half the pool, from offsets in its first half
+            part[n] = torch.cat([pool[(at + i) % half:][:min(numel - i, half)]
+                                 for i in range(0, numel, half)]).reshape(shapes[n])
             at, done = at + 7919, done + numel
             weight_map[n] = fname
         save_file(part, os.path.join(folder, fname))

@@ -43,6 +43,7 @@ def _read(fds: Dict[int, int], files: Sequence[str], read: Read, ptr: int, scrat
     fd = fds.get(read.file)
     if fd is None:
         fd = fds[read.file] = os.open(files[read.file], os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # each reader streams its share: read ahead more
     if read.contiguous:
         return _pread(fd, files[read.file], _memory(ptr, read.kept), read.offset)
     _pread(fd, files[read.file], scratch[:read.nbytes], read.offset)
