@@ -22,7 +22,7 @@ from .atomics import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min
 from .rma import copy, get, load, put, store
 from .sync import signal, wait
 
-HEADER = 2  # context tensor: rank, world, then one heap base per rank
+HEADER = tl.constexpr(2)  # context tensor: rank, world, then one heap base per rank
 
 
 def _aggregate_or_plain(cls):
