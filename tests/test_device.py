@@ -550,7 +550,8 @@ def check_graph_barrier(ctx, big):
     return failures
 
 
-CHECKS = {"rma": check_rma, "positional": check_positional, "translate": check_translate, "atomics": check_atomics, "counter": check_counter,
+CHECKS = {"rma": check_rma, "positional": check_positional, "translate": check_translate, "atomics": check_atomics,
+          "counter": check_counter,
           "lock": check_lock, "message": check_message, "device_barrier": check_device_barrier,
           "atomic_gaps": check_atomic_gaps, "graph_barrier": check_graph_barrier}
 CPU_CHECKS = ("rma", "positional", "translate", "atomics", "counter", "lock", "message", "device_barrier")

@@ -225,34 +225,45 @@ def check_capacity(ctx):
     return failures
 
 
-def rank_main(world_checks):
-    heap_size, allocator, names = world_checks
+def _checked(heap_size, allocator, check):
     ctx = iris.iris(heap_size, allocator_type=allocator)
     try:
-        if "capacity" in names:
-            # the torch allocator holds exactly what was asked; vmem rounds up to whole chunks
-            asked = ctx.heap_size == heap_size if allocator == "torch" else ctx.heap_size >= heap_size
-            return ([] if asked else [f"heap_size {ctx.heap_size} for {heap_size} asked"]) + check_capacity(ctx)
-        return check_surface(ctx)
+        return check(ctx)
     except Exception:
         return [f"rank {ctx.get_rank()} raised:\n{traceback.format_exc()}"]
     finally:
         ctx.close()
 
 
+def _capacity(allocator, heap_size):
+    def check(ctx):
+        # the torch allocator holds exactly what was asked; vmem rounds up to whole chunks
+        asked = ctx.heap_size == heap_size if allocator == "torch" else ctx.heap_size >= heap_size
+        wrong = [] if asked else [f"{allocator}: heap_size {ctx.heap_size} for {heap_size} asked"]
+        return wrong + check_capacity(ctx)
+    return _checked(heap_size, allocator, check)
+
+
+def rank_main():
+    """One spawn for all: ranks cost seconds to start."""
+    return {"surface": _checked(1 << 22, "torch", check_surface),
+            "capacity torch": _capacity("torch", 1 << 22), "capacity vmem": _capacity("vmem", 1 << 22)}
+
+
 @functools.lru_cache(maxsize=None)
-def _run(world, heap_size, allocator, names):
-    return [f for r in iris.spawn(rank_main, world, args=((heap_size, allocator, names),), timeout=300) for f in r]
+def _run():
+    per_rank = iris.spawn(rank_main, 2, timeout=300)
+    return {name: [f for r in per_rank for f in r[name]] for name in per_rank[0]}
 
 
 def test_surface_two_ranks():
-    failures = _run(2, 1 << 22, "torch", ("surface",))
+    failures = _run()["surface"]
     assert not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.parametrize("allocator", ["torch", "vmem"])
 def test_capacity(allocator):
-    failures = _run(2, 1 << 22, allocator, ("capacity",))
+    failures = _run()[f"capacity {allocator}"]
     assert not failures, "\n".join(failures[:20])
 
 
