@@ -551,9 +551,8 @@ def check_graph_barrier(ctx, big):
 
 
 CHECKS = {"rma": check_rma, "positional": check_positional, "translate": check_translate, "atomics": check_atomics,
-          "counter": check_counter,
-          "lock": check_lock, "message": check_message, "device_barrier": check_device_barrier,
-          "atomic_gaps": check_atomic_gaps, "graph_barrier": check_graph_barrier}
+          "counter": check_counter, "lock": check_lock, "message": check_message,
+          "device_barrier": check_device_barrier, "atomic_gaps": check_atomic_gaps, "graph_barrier": check_graph_barrier}
 CPU_CHECKS = ("rma", "positional", "translate", "atomics", "counter", "lock", "message", "device_barrier")
 
 
