@@ -48,7 +48,7 @@ def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, MASKED: 
         if PUT:
             iris.put(src + o, dst + o, me, peer, heap_bases, mask=mask)
         else:
-            iris.get(src + o, dst + o, peer, me, heap_bases, mask=mask)
+            iris.get(src + o, dst + o, me, peer, heap_bases, mask=mask)
 
 
 @triton.jit

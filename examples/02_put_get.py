@@ -16,7 +16,7 @@ def put_get_kernel(src, inbox, pulled, n, me, nxt, prv, heap_bases, BLOCK: tl.co
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     iris.put(src + offs, inbox + offs, me, nxt, heap_bases, mask=mask)      # mine -> next's inbox
-    iris.get(src + offs, pulled + offs, prv, me, heap_bases, mask=mask)     # previous's src -> my pulled
+    iris.get(src + offs, pulled + offs, me, prv, heap_bases, mask=mask)     # previous's src -> my pulled
 
 
 def main() -> int:

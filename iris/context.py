@@ -11,15 +11,24 @@ import torch
 
 from . import distributed
 from .allocators import ALLOCATORS
+from .errors import IrisError
+from .factory_args import check_layout, check_pin_memory, out_as, restride
+from .host_collectives import broadcast, covers_job
+from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .heap import SymmetricHeap
 from .platform import get_driver
 
 ALIGN = 256
 
 
+def _internal_bytes(world: int) -> int:
+    """Room for iris's own flags (the device barrier's, and later ones), kept outside heap_size."""
+    return -(-max(4096, 8 * (world + 1)) // ALIGN) * ALIGN
+
+
 def _shape(size) -> torch.Size:
-    """torch's size convention: ints, or one tuple/list/Size."""
-    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+    """torch's size convention: ints, or one tuple/list/Size (nested ones unwrapped, as Iris does)."""
+    while len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     for s in size:
         if isinstance(s, bool) or not isinstance(s, int):
@@ -38,12 +47,18 @@ def _check_heap_size(heap_size) -> int:
 
 
 class Iris:
-    """A symmetric heap shared by every rank of the job. Creating one is collective: all ranks."""
+    """A symmetric heap shared by every rank of the job. Creating one is collective: all ranks.
+
+    heap_size bytes are the user's: iris's own flags live in a small reserve beyond them.
+    allocator_type is Iris's name for allocator.
+    """
 
     def __init__(self, heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,
-                 timeout: Optional[float] = None):
+                 timeout: Optional[float] = None, allocator_type: Optional[str] = None):
         heap_size = _check_heap_size(heap_size)
-        name = os.environ.get("IRIS_ALLOCATOR") or allocator or "torch"
+        if allocator is not None and allocator_type is not None and allocator != allocator_type:
+            raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
+        name = os.environ.get("IRIS_ALLOCATOR") or allocator or allocator_type or "torch"
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
         self.allocator_name = name
@@ -60,15 +75,31 @@ class Iris:
             else:
                 torch.cuda.set_device(index)
                 self.device = torch.device("cuda", index)
-            alloc = (ALLOCATORS[name](self.driver, heap_size) if name == "vmem"
-                     else ALLOCATORS[name](self.driver, heap_size, self.device))
+            reserve = _internal_bytes(self.world)
+            total = heap_size + reserve
+            alloc = (ALLOCATORS[name](self.driver, total) if name == "vmem"
+                     else ALLOCATORS[name](self.driver, total, self.device))
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
-            # device_barrier's flags: allocated first, so no scope() or free can take them
-            self._barrier_flags = self.zeros(self.world + 1, dtype=torch.int64)
+            # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
+            self._internal = self.heap.tensor(self.heap.allocate(reserve, ALIGN), (reserve,), torch.uint8)
+            self._internal.zero_()
+            self._internal_used = 0
+            self._barrier_flags = self._internal_flags(self.world + 1, torch.int64)
+            self._device_context = None
             self.barrier()  # every rank's flags are zero before any rank signals into them
         except BaseException:
             self.group.close()
             raise
+
+    def _internal_flags(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """count zeroed elements of iris's reserve (same offset on every rank): for iris's own flags."""
+        start = -(-self._internal_used // ALIGN) * ALIGN
+        end = start + count * dtype.itemsize
+        if end > self._internal.numel():
+            raise IrisError(f"iris's internal reserve of {self._internal.numel()} bytes is full ({start} used, "
+                            f"{count * dtype.itemsize} more asked): raise _internal_bytes in iris/context.py")
+        self._internal_used = end
+        return self._internal[start:end].view(dtype)
 
     # -- who and where -----------------------------------------------------
     def get_rank(self) -> int:
@@ -80,17 +111,67 @@ class Iris:
     def get_device(self) -> torch.device:
         return self.device
 
+    def get_device_id(self) -> int:
+        """Index of this rank's GPU (0 on the host)."""
+        return self.device.index or 0
+
+    def get_cu_count(self) -> int:
+        """Streaming multiprocessors (compute units on AMD) of this rank's GPU; CPU cores on the host,
+        where programs run one after another in the interpreter: grids sized by it stay small."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).multi_processor_count
+        return os.cpu_count() or 1
+
     def get_heap_bases(self) -> torch.Tensor:
         """int64 tensor on the heap's device: entry r is where rank r's heap is mapped in this process."""
         return self.heap.heap_bases
 
+    # Iris's attribute names
+    cur_rank = property(get_rank)
+    num_ranks = property(get_num_ranks)
+    gpu_id = property(get_device_id)
+    heap_bases = property(get_heap_bases)
+
     @property
     def heap_size(self) -> int:
-        return self.heap.size
+        """Bytes the user's tensors may take (iris's own flags are outside it)."""
+        return self.heap.size - self._internal.numel()
 
-    def barrier(self) -> None:
-        """Waits for this rank's device work, then for every rank. Collective: all ranks."""
-        if self.device.type == "cuda":
+    def get_device_context(self) -> torch.Tensor:
+        """int64 tensor [rank, world, heap_base_0, ...] on the heap's device, for
+        iris.DeviceContext.initialize(context, rank, world_size) in a kernel. Built once: a CUDA
+        graph that captured a kernel taking it stays valid."""
+        if self._device_context is None:
+            self._device_context = torch.cat([torch.tensor([self.rank, self.world], dtype=torch.int64,
+                                                           device=self.device), self.heap.heap_bases])
+        return self._device_context
+
+    # -- logging, tagged with this rank ------------------------------------
+    def debug(self, message) -> None:
+        log(self.rank, self.world, DEBUG, message)
+
+    def info(self, message) -> None:
+        log(self.rank, self.world, INFO, message)
+
+    def warning(self, message) -> None:
+        log(self.rank, self.world, WARNING, message)
+
+    def error(self, message) -> None:
+        log(self.rank, self.world, ERROR, message)
+
+    # -- host collectives --------------------------------------------------
+    def broadcast(self, value, src: int = 0, *, source_rank: Optional[int] = None):
+        """src's value on every rank: a Python object, number, numpy array, or tensor (returned on
+        the heap's device). Collective: all ranks, same order; only src's value is read."""
+        return broadcast(self.group, value, src if source_rank is None else source_rank, self.device)
+
+    def barrier(self, stream=None, group=None) -> None:
+        """Waits for this rank's device work (on `stream` only, if given), then for every rank.
+        Collective: all ranks. group: None or every rank (subsets raise NotImplementedError)."""
+        covers_job(group, self.world, "barrier")
+        if stream is not None:
+            stream.synchronize()
+        elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.heap.check_symmetry()
 
@@ -150,64 +231,95 @@ class Iris:
         return self._made(ref.shape, ref.dtype, None, out, requires_grad, lambda t: t.copy_(ref))
 
     # -- factories (collective: all ranks, same order, same sizes) ---------
-    def empty(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
-        return self._made(size, dtype, device, out, requires_grad)
+    # torch's keywords: layout (strided only), pin_memory (False only), memory_format, device (this
+    # heap's), out (a heap tensor of as many elements; returned viewed with the size asked for).
+    def _factory(self, size, dtype, device, out, requires_grad, fill=None, layout=None, pin_memory=False,
+                 memory_format=None, like=None) -> torch.Tensor:
+        check_layout(layout)
+        check_pin_memory(pin_memory)
+        shape = _shape(size if isinstance(size, tuple) else (size,))
+        out = out_as(out, shape)
+        t = self._made((shape,), dtype, device, out, False, fill)
+        if out is None:
+            t = restride(t, memory_format, like)
+        return t.requires_grad_(requires_grad) if requires_grad else t
 
-    def zeros(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
-        return self._made(size, dtype, device, out, requires_grad, lambda t: t.fill_(0))
+    def empty(self, *size, out=None, dtype=None, layout=torch.strided, device=None, requires_grad=False,
+              pin_memory=False, memory_format=torch.contiguous_format) -> torch.Tensor:
+        return self._factory(size, dtype, device, out, requires_grad, None, layout, pin_memory, memory_format)
 
-    def ones(self, *size, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
-        return self._made(size, dtype, device, out, requires_grad, lambda t: t.fill_(1))
+    def zeros(self, *size, out=None, dtype=None, layout=torch.strided, device=None,
+              requires_grad=False) -> torch.Tensor:
+        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.fill_(0), layout)
 
-    def full(self, size, fill_value, *, dtype=None, device=None, out=None, requires_grad=False) -> torch.Tensor:
+    def ones(self, *size, out=None, dtype=None, layout=torch.strided, device=None, requires_grad=False) -> torch.Tensor:
+        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.fill_(1), layout)
+
+    def full(self, size, fill_value, *, out=None, dtype=None, layout=torch.strided, device=None,
+             requires_grad=False) -> torch.Tensor:
         if dtype is None:  # torch infers it from the fill value
             dtype = torch.full((), fill_value).dtype
-        return self._made((size,) if isinstance(size, int) else size, dtype, device, out, requires_grad,
-                          lambda t: t.fill_(fill_value))
+        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.fill_(fill_value), layout)
 
-    def empty_like(self, t, *, dtype=None, requires_grad=False) -> torch.Tensor:
-        return self.empty(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+    def _like(self, t, dtype, layout, device, requires_grad, memory_format, fill=None) -> torch.Tensor:
+        return self._factory(tuple(t.shape), dtype or t.dtype, device, None, requires_grad, fill, layout,
+                             memory_format=memory_format, like=t)
 
-    def zeros_like(self, t, *, dtype=None, requires_grad=False) -> torch.Tensor:
-        return self.zeros(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+    def empty_like(self, t, *, dtype=None, layout=None, device=None, requires_grad=False,
+                   memory_format=torch.preserve_format) -> torch.Tensor:
+        return self._like(t, dtype, layout, device, requires_grad, memory_format)
 
-    def ones_like(self, t, *, dtype=None, requires_grad=False) -> torch.Tensor:
-        return self.ones(t.shape, dtype=dtype or t.dtype, requires_grad=requires_grad)
+    def zeros_like(self, t, *, dtype=None, layout=None, device=None, requires_grad=False,
+                   memory_format=torch.preserve_format) -> torch.Tensor:
+        return self._like(t, dtype, layout, device, requires_grad, memory_format, lambda x: x.fill_(0))
 
-    def full_like(self, t, fill_value, *, dtype=None, requires_grad=False) -> torch.Tensor:
-        return self.full(t.shape, fill_value, dtype=dtype or t.dtype, requires_grad=requires_grad)
+    def ones_like(self, t, *, dtype=None, layout=None, device=None, requires_grad=False,
+                  memory_format=torch.preserve_format) -> torch.Tensor:
+        return self._like(t, dtype, layout, device, requires_grad, memory_format, lambda x: x.fill_(1))
 
-    def arange(self, start: Number, end: Optional[Number] = None, step: Number = 1, *, dtype=None, device=None,
-               out=None, requires_grad=False) -> torch.Tensor:
+    def full_like(self, t, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False,
+                  memory_format=torch.preserve_format) -> torch.Tensor:
+        return self._like(t, dtype, layout, device, requires_grad, memory_format, lambda x: x.fill_(fill_value))
+
+    def _ranged(self, ref: torch.Tensor, out, layout, requires_grad) -> torch.Tensor:
+        check_layout(layout)
+        return self._copied(ref, out_as(out, ref.shape), requires_grad)
+
+    def arange(self, start: Number, end: Optional[Number] = None, step: Number = 1, *, out=None, dtype=None,
+               layout=torch.strided, device=None, requires_grad=False) -> torch.Tensor:
         self._check_device(device)
         if end is None:
             start, end = 0, start
         ref = torch.arange(start, end, step, dtype=dtype if dtype else (out.dtype if out is not None else None),
                            device=self.device)
-        return self._copied(ref, out, requires_grad)
+        return self._ranged(ref, out, layout, requires_grad)
 
-    def linspace(self, start, end, steps: int, *, dtype=None, device=None, out=None,
+    def linspace(self, start, end, steps: int, *, out=None, dtype=None, layout=torch.strided, device=None,
                  requires_grad=False) -> torch.Tensor:
         self._check_device(device)
         ref = torch.linspace(start, end, steps, dtype=dtype if dtype else (out.dtype if out is not None else None),
                              device=self.device)
-        return self._copied(ref, out, requires_grad)
+        return self._ranged(ref, out, layout, requires_grad)
 
-    def rand(self, *size, generator=None, dtype=None, device=None, out=None, requires_grad=False):
-        return self._made(size, dtype, device, out, requires_grad, lambda t: t.uniform_(0, 1, generator=generator))
+    def rand(self, *size, generator=None, out=None, dtype=None, layout=torch.strided, device=None,
+             requires_grad=False, pin_memory=False):
+        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.uniform_(0, 1, generator=generator),
+                             layout, pin_memory)
 
-    def randn(self, *size, generator=None, dtype=None, device=None, out=None, requires_grad=False):
-        return self._made(size, dtype, device, out, requires_grad, lambda t: t.normal_(0, 1, generator=generator))
+    def randn(self, *size, generator=None, out=None, dtype=None, layout=torch.strided, device=None,
+              requires_grad=False, pin_memory=False):
+        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.normal_(0, 1, generator=generator),
+                             layout, pin_memory)
 
-    def uniform(self, *size, low: float = 0.0, high: float = 1.0, generator=None, dtype=None, device=None,
-                out=None, requires_grad=False):
+    def uniform(self, *size, low: float = 0.0, high: float = 1.0, generator=None, out=None, dtype=None,
+                layout=torch.strided, device=None, requires_grad=False):
         if not low < high:
             raise ValueError(f"uniform needs low < high, got low={low} high={high}")
-        return self._made(size, dtype, device, out, requires_grad,
-                          lambda t: t.uniform_(low, high, generator=generator))
+        return self._factory(size, dtype, device, out, requires_grad,
+                             lambda t: t.uniform_(low, high, generator=generator), layout)
 
-    def randint(self, *args, size=None, generator=None, dtype=torch.int64, device=None, out=None,
-                requires_grad=False):
+    def randint(self, *args, size=None, generator=None, out=None, dtype=torch.int64, layout=torch.strided,
+                device=None, requires_grad=False):
         """randint(high, size) or randint(low, high, size), as torch.randint."""
         if size is not None:
             args = (*args, size)
@@ -218,8 +330,8 @@ class Iris:
         low, high, size = args
         if not low < high:
             raise ValueError(f"randint needs low < high, got low={low} high={high}")
-        return self._made((size,) if isinstance(size, int) else size, dtype, device, out, requires_grad,
-                          lambda t: t.random_(low, high, generator=generator))
+        return self._factory(size, dtype, device, out, requires_grad,
+                             lambda t: t.random_(low, high, generator=generator), layout)
 
     # -- importing existing tensors ----------------------------------------
     def as_symmetric(self, t, copy: Optional[bool] = None):
@@ -328,18 +440,19 @@ class Iris:
 
     def __repr__(self) -> str:
         return (f"Iris(rank={self.rank}, world={self.world}, device={self.device}, allocator={self.allocator_name}, "
-                f"heap_size={self.heap.size})")
+                f"heap_size={self.heap_size})")
 
     # -- device barrier (iris/device/sync.py) -------------------------------
-    def device_barrier(self) -> None:
+    def device_barrier(self, group=None) -> None:
         """Barrier of every rank that runs on the device, in stream order: no host round trip, and
-        capturable in a CUDA graph. Collective: all ranks."""
+        capturable in a CUDA graph. Collective: all ranks. group: None or every rank."""
+        covers_job(group, self.world, "device_barrier")
         from .device.sync import barrier_kernel
         barrier_kernel[(1,)](self._barrier_flags, self.rank, self.world, self.heap.heap_bases,
                              BLOCK=max(2, 1 << (self.world - 1).bit_length()), num_warps=1)
 
 
 def iris(heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,
-         timeout: Optional[float] = None) -> Iris:
+         timeout: Optional[float] = None, allocator_type: Optional[str] = None) -> Iris:
     """Create this job's symmetric heap. Collective: every rank calls it with the same arguments."""
-    return Iris(heap_size, allocator, platform, timeout)
+    return Iris(heap_size, allocator, platform, timeout, allocator_type)

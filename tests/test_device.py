@@ -57,7 +57,7 @@ def _rma_kernel(src, local, out, dst, me, peer, third, hb, n, other, OP: tl.cons
     elif OP == "store":  # local values into peer's dst
         iris.store(dst + o, tl.load(local + o), me, peer, hb, mask=m, cache_modifier=".wt")
     elif OP == "get":  # peer's src into a local (non-heap) out
-        iris.get(src + o, out + o, peer, me, hb, mask=m, load_cache_modifier=".cv")
+        iris.get(src + o, out + o, me, peer, hb, mask=m, load_cache_modifier=".cv")
     elif OP == "put":  # a local (non-heap) tensor into peer's dst
         iris.put(local + o, dst + o, me, peer, hb, mask=m, store_cache_modifier=".cs")
     elif OP == "copy_pull":  # peer's src into my dst
@@ -68,6 +68,54 @@ def _rma_kernel(src, local, out, dst, me, peer, third, hb, n, other, OP: tl.cons
         iris.copy(src + o, dst + o, peer, third, me, hb, mask=m)
     else:  # copy_remote: within peer's heap
         iris.copy(src + o, dst + o, peer, peer, me, hb, mask=m)
+
+
+@triton.jit
+def _positional_kernel(src, local, out, dst, acc, val, cmp, olds, cur_rank, remote, hb, n, other,
+                       OP: tl.constexpr, BLOCK: tl.constexpr):
+    # Every argument positional, in Iris's order: the caller's rank first, the remote rank second.
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = _mask(o, n)
+    if OP == "load":
+        tl.store(out + o, iris.load(src + o, cur_rank, remote, hb, m, other, ".cg", False, 16))
+    elif OP == "load_volatile":  # a cache modifier with volatile: ptxas rejects ld.volatile.cg, iris drops it
+        tl.store(out + o, iris.load(src + o, cur_rank, remote, hb, m, other, ".ca", True, 16))
+    elif OP == "store":
+        iris.store(dst + o, tl.load(local + o), cur_rank, remote, hb, m, 16, ".wt")
+    elif OP == "get":
+        iris.get(src + o, out + o, cur_rank, remote, hb, m, other, ".cv", ".wb", 16)
+    elif OP == "put":
+        iris.put(local + o, dst + o, cur_rank, remote, hb, m, other, ".cg", ".cs", 16)
+    elif OP == "copy":
+        iris.copy(src + o, dst + o, remote, cur_rank, cur_rank, hb, m, other, ".cg", ".wb", 16)
+    elif OP == "cas":
+        tl.store(olds + o, iris.atomic_cas(acc + o, tl.load(cmp + o), tl.load(val + o), cur_rank, remote, hb,
+                                           "acq_rel", "sys", 16))
+    else:
+        v = tl.load(val + o)
+        if OP == "add":
+            old = iris.atomic_add(acc + o, v, cur_rank, remote, hb, m, "relaxed", "sys", 16)
+        elif OP == "sub":
+            old = iris.atomic_sub(acc + o, v, cur_rank, remote, hb, m, "acquire", "gpu", 16)
+        elif OP == "xchg":
+            old = iris.atomic_xchg(acc + o, v, cur_rank, remote, hb, m, "release", "sys", 16)
+        elif OP == "and":
+            old = iris.atomic_and(acc + o, v, cur_rank, remote, hb, m, "acq_rel", "sys", 16)
+        elif OP == "or":
+            old = iris.atomic_or(acc + o, v, cur_rank, remote, hb, m, "relaxed", "gpu", 16)
+        elif OP == "xor":
+            old = iris.atomic_xor(acc + o, v, cur_rank, remote, hb, m, "acq_rel", "sys", 16)
+        elif OP == "min":
+            old = iris.atomic_min(acc + o, v, cur_rank, remote, hb, m, "acq_rel", "sys", 16)
+        else:
+            old = iris.atomic_max(acc + o, v, cur_rank, remote, hb, m, "acq_rel", "sys", 16)
+        tl.store(olds + o, old, mask=m)
+
+
+@triton.jit
+def _positional_signal_kernel(flag, got, cur_rank, nxt, hb):
+    iris.signal(flag, 7 + cur_rank, cur_rank, nxt, hb, "add", "release", "sys")
+    tl.store(got, iris.wait(flag, 1, cur_rank, cur_rank, hb, "ge", "acquire", "sys"))
 
 
 @triton.jit
@@ -234,6 +282,77 @@ def check_rma(ctx, big):
                 untouched = dsts[op] if op in ("load", "load_volatile", "get") else outs[op]
                 _expect(failures, f"{op} wrote where it should not {tag}", untouched, poison)
             ctx.barrier()
+    return failures
+
+
+POSITIONAL_RMA = ["load", "load_volatile", "store", "get", "put", "copy"]
+POSITIONAL_ATOMICS = ["add", "sub", "xchg", "and", "or", "xor", "min", "max", "cas"]
+
+
+def check_positional(ctx, big):
+    """Every RMA function, atomic and signal/wait called with all arguments positional, as Iris
+    programs call them: each rank reads from and writes to the next rank (the previous one writes
+    to it), so a swapped rank order reads or writes the wrong rank and shows up in every lane."""
+    me, w, hb, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_heap_bases(), ctx.get_device()
+    nxt, prv = (me + 1) % w, (me - 1) % w
+    m, failures = _host_mask(), []
+    for d, dtype in enumerate((torch.float32, torch.int32)):
+        def src_of(r):
+            return _vals(CAP, 20 * d + r, dtype)
+
+        def local_of(r):
+            return _vals(CAP, 20 * d + r + 7, dtype)
+
+        with ctx.scope():
+            src = ctx.empty(CAP, dtype=dtype)
+            src.copy_(src_of(me).to(dev))
+            local = local_of(me).to(dev)
+            outs = {op: torch.full((CAP,), POISON, dtype=dtype, device=dev) for op in POSITIONAL_RMA}
+            dsts = {op: ctx.full((CAP,), POISON, dtype=dtype) for op in POSITIONAL_RMA}
+            ctx.barrier()
+            for op in POSITIONAL_RMA:
+                _positional_kernel[(CAP // BLOCK,)](src, local, outs[op], dsts[op], src, src, src, outs[op], me, nxt,
+                                                    hb, N, float(OTHER) if dtype.is_floating_point else OTHER,
+                                                    OP=op, BLOCK=BLOCK)
+            ctx.barrier()
+            poison, other = torch.full((CAP,), POISON, dtype=dtype), torch.full((CAP,), OTHER, dtype=dtype)
+            tag = f"positional {dtype} w={w} rank {me}"
+            _expect(failures, f"load {tag}", outs["load"], torch.where(m, src_of(nxt), other))
+            _expect(failures, f"load volatile {tag}", outs["load_volatile"], torch.where(m, src_of(nxt), other))
+            _expect(failures, f"store {tag}", dsts["store"], torch.where(m, local_of(prv), poison))
+            _expect(failures, f"get {tag}", outs["get"], torch.where(m, src_of(nxt), poison))
+            _expect(failures, f"put {tag}", dsts["put"], torch.where(m, local_of(prv), poison))
+            _expect(failures, f"copy {tag}", dsts["copy"], torch.where(m, src_of(nxt), poison))
+            for op in POSITIONAL_RMA:
+                untouched = dsts[op] if op in ("load", "load_volatile", "get") else outs[op]
+                _expect(failures, f"{op} wrote where it should not {tag}", untouched, poison)
+            ctx.barrier()
+    dtype = torch.int32
+    for op in POSITIONAL_ATOMICS:
+        with ctx.scope():
+            init = [_vals(CAP, 3 * r + 1, dtype) for r in range(w)]
+            val = [_vals(CAP, 5 * r + 2, dtype) for r in range(w)]
+            # cmp[r]: what a caller expects in rank r's copy (half the lanes right: those swap)
+            cmp = [torch.where(torch.arange(CAP) % 2 == 0, init[r], init[r] + 1) for r in range(w)]
+            acc = ctx.empty(CAP, dtype=dtype)
+            acc.copy_(init[me].to(dev))
+            olds = torch.full((CAP,), POISON, dtype=dtype, device=dev)
+            ctx.barrier()
+            _positional_kernel[(CAP // BLOCK,)](acc, acc, olds, acc, acc, val[me].to(dev), cmp[nxt].to(dev), olds,
+                                                me, nxt, hb, N, 0, OP=op, BLOCK=BLOCK)
+            ctx.barrier()
+            tag = f"positional atomic_{op} w={w} rank {me}"
+            # my copy was updated by prv with prv's values; I got nxt's old values back
+            _expect(failures, f"{tag}: final value", acc, _simulate(op, init[me], val[prv], cmp[me], m))
+            exp_old = init[nxt] if op == "cas" else torch.where(m, init[nxt], torch.tensor(POISON, dtype=dtype))
+            _expect(failures, f"{tag}: old values", olds, exp_old)
+            ctx.barrier()
+    flag, got = ctx.zeros(1, dtype=torch.int32), torch.full((1,), POISON, dtype=torch.int32, device=dev)
+    ctx.barrier()
+    _positional_signal_kernel[(1,)](flag, got, me, nxt, hb)
+    ctx.barrier()
+    _expect(failures, f"positional signal/wait w={w} rank {me}: flag", flag, torch.tensor([7 + prv], dtype=torch.int32))
+    _expect(failures, f"positional wait w={w} rank {me}: returned", got, torch.tensor([7 + prv], dtype=torch.int32))
     return failures
 
 
@@ -431,10 +550,10 @@ def check_graph_barrier(ctx, big):
     return failures
 
 
-CHECKS = {"rma": check_rma, "translate": check_translate, "atomics": check_atomics, "counter": check_counter,
-          "lock": check_lock, "message": check_message, "device_barrier": check_device_barrier,
-          "atomic_gaps": check_atomic_gaps, "graph_barrier": check_graph_barrier}
-CPU_CHECKS = ("rma", "translate", "atomics", "counter", "lock", "message", "device_barrier")
+CHECKS = {"rma": check_rma, "positional": check_positional, "translate": check_translate, "atomics": check_atomics,
+          "counter": check_counter, "lock": check_lock, "message": check_message,
+          "device_barrier": check_device_barrier, "atomic_gaps": check_atomic_gaps, "graph_barrier": check_graph_barrier}
+CPU_CHECKS = ("rma", "positional", "translate", "atomics", "counter", "lock", "message", "device_barrier")
 
 
 def rank_main(names, big, allocator):

@@ -2,7 +2,8 @@
 
 Every function takes ptr: pointer(s) valid in from_rank's (the caller's) view of the heap;
 from_rank: the caller; to_rank: the rank whose memory is updated; heap_bases:
-ctx.get_heap_bases(); mask: lanes to leave alone (not for cas: tl.atomic_cas has none).
+ctx.get_heap_bases(); mask: lanes to leave alone (not for cas: tl.atomic_cas has none);
+hint: optional vectorization hint for the translated pointer, as for load.
 sem: how the caller's other accesses are ordered around the atomic: "relaxed" (not at all),
 "acquire" (later ones stay after), "release" (earlier ones complete before), "acq_rel" (both).
 scope: who is promised that ordering: "cta" (this program), "gpu" (this device), "sys" (every
@@ -14,35 +15,42 @@ fp32/fp64/int32/int64; and, or, xor int32/int64; cas any 16, 32 or 64-bit type.
 import triton
 import triton.language as tl
 
+from .rma import _hint
 from .translate import _translate
 
 
 @triton.jit
+def _at(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr):
+    return _hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
+
+
+@triton.jit
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically adds val to to_rank's memory at ptr; returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_add(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically subtracts val from to_rank's memory at ptr (adds -val); returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_add(_translate(ptr, from_rank, to_rank, heap_bases), -val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(_at(ptr, from_rank, to_rank, heap_bases, hint), -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr = None, scope: tl.constexpr = None):
+def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr = None, scope: tl.constexpr = None,
+               hint: tl.constexpr = None):
     """Atomically stores val at ptr on to_rank where the memory equals cmp; returns the old values
     (the swap happened where old == cmp).
 
@@ -50,76 +58,76 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_cas(_translate(ptr, from_rank, to_rank, heap_bases), cmp, val, sem=sem, scope=scope)
+    return tl.atomic_cas(_at(ptr, from_rank, to_rank, heap_bases, hint), cmp, val, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-                scope: tl.constexpr = None):
+                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores val at ptr on to_rank; returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_xchg(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_xchg(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically ands val into to_rank's memory at ptr; returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_and(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_and(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-              scope: tl.constexpr = None):
+              scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically ors val into to_rank's memory at ptr; returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_or(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_or(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically xors val into to_rank's memory at ptr; returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_xor(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_xor(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores min(old, val) at ptr on to_rank; returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_min(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_min(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
-               scope: tl.constexpr = None):
+               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores max(old, val) at ptr on to_rank; returns the old values.
 
     ptr, from_rank, to_rank, heap_bases, mask: as in the module docstring.
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
-    return tl.atomic_max(_translate(ptr, from_rank, to_rank, heap_bases), val, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_max(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)

@@ -1,8 +1,10 @@
 """Remote memory access: load, store, get, put and copy across the ranks' heaps.
 
-`from_rank`/`to_rank` follow Iris: a pointer is always valid in the caller's view of the heap;
-the function translates it to the rank whose memory it touches. Masked-out lanes touch no memory.
-Cache modifiers and eviction policies go to tl.load/tl.store unchanged (None: Triton's default).
+Positional order follows Iris: the caller's rank comes first and the remote rank second in every
+function, and the names say where data flows (from_rank: the rank read, to_rank: the rank written).
+A heap pointer is always valid in the caller's view; the function translates it to the rank whose
+memory it touches. Masked-out lanes touch no memory. Cache modifiers and eviction policies go to
+tl.load/tl.store unchanged (None: Triton's default); parameters iris adds come after Iris's.
 """
 import triton
 import triton.language as tl
@@ -18,24 +20,35 @@ def _hint(ptr, hint: tl.constexpr):
 
 
 @triton.jit
+def _load(p, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr, eviction_policy: tl.constexpr):
+    # ptxas (CUDA 12.8/12.9, sm_90) fails on ld.volatile with a cache operator: volatile already
+    # bypasses the caches, so the modifier is dropped there rather than compiled into a bad instruction.
+    if volatile:
+        out = tl.load(p, mask=mask, other=other, eviction_policy=eviction_policy, volatile=True)
+    else:
+        out = tl.load(p, mask=mask, other=other, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+    return out
+
+
+@triton.jit
 def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = None,
-         eviction_policy: tl.constexpr = None, volatile: tl.constexpr = False, hint: tl.constexpr = None):
+         volatile: tl.constexpr = False, hint: tl.constexpr = None, eviction_policy: tl.constexpr = None):
     """Read from `from_rank`'s copy of the heap into the caller (`to_rank`).
 
     ptr: pointer(s) valid in to_rank's (the caller's) view; to_rank: the caller;
     from_rank: the rank whose memory is read; heap_bases: ctx.get_heap_bases().
-    mask, other, cache_modifier, eviction_policy, volatile: as tl.load.
-    hint: optional vectorization hint (int or tuple) applied as tl.multiple_of/tl.max_contiguous
-        to the translated pointer. Returns the values read.
+    mask, other, cache_modifier, volatile, eviction_policy: as tl.load (volatile=True bypasses the
+        caches itself, so cache_modifier is ignored with it). hint: optional vectorization hint (int or
+        tuple) applied as tl.multiple_of/tl.max_contiguous to the translated pointer.
+    Returns the values read.
     """
     p = _hint(_translate(ptr, to_rank, from_rank, heap_bases), hint)
-    return tl.load(p, mask=mask, other=other, cache_modifier=cache_modifier, eviction_policy=eviction_policy,
-                   volatile=volatile)
+    return _load(p, mask, other, cache_modifier, volatile, eviction_policy)
 
 
 @triton.jit
-def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = None,
-          eviction_policy: tl.constexpr = None, hint: tl.constexpr = None):
+def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None,
+          cache_modifier: tl.constexpr = None, eviction_policy: tl.constexpr = None):
     """Write `value` into `to_rank`'s copy of the heap.
 
     ptr: pointer(s) valid in from_rank's (the caller's) view; value: what to store;
@@ -47,15 +60,16 @@ def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, cache_modifier:
 
 
 @triton.jit
-def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
+def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask=None, other=None,
         load_cache_modifier: tl.constexpr = None, store_cache_modifier: tl.constexpr = None, hint: tl.constexpr = None):
-    """Copy `from_rank`'s data at from_ptr into the caller's (`to_rank`'s) memory at to_ptr.
+    """Copy `from_rank`'s data at from_ptr into the caller's memory at to_ptr: get(src, dst, me, remote, ...).
 
     from_ptr: heap pointer(s) valid in the caller's view, read on from_rank; to_ptr: the caller's
-    local destination (any memory the caller can write); from_rank: the rank read;
-    to_rank: the caller; heap_bases: ctx.get_heap_bases(). mask applies to the read and the write;
-    other fills masked lanes of the read; load_/store_cache_modifier go to tl.load/tl.store.
-    hint: as for load, applied to the remote pointer and to_ptr.
+    local destination (any memory the caller can write); to_rank: the caller (where the data lands);
+    from_rank: the rank read; heap_bases: ctx.get_heap_bases(). Same positions as load and as Iris's
+    code and tests call get (its docstring names them the other way round). mask applies to the read
+    and the write; other fills masked lanes of the read; load_/store_cache_modifier go to tl.load/
+    tl.store. hint: as for load, applied to the remote pointer and to_ptr.
     """
     data = tl.load(_hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask, other=other,
                    cache_modifier=load_cache_modifier)
@@ -65,7 +79,7 @@ def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
 @triton.jit
 def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
         load_cache_modifier: tl.constexpr = None, store_cache_modifier: tl.constexpr = None, hint: tl.constexpr = None):
-    """Copy the caller's (`from_rank`'s) data at from_ptr into `to_rank`'s heap at to_ptr.
+    """Copy the caller's (`from_rank`'s) data at from_ptr into `to_rank`'s heap at to_ptr: put(src, dst, me, remote).
 
     from_ptr: the caller's local source; to_ptr: heap pointer(s) valid in the caller's view,
     written on to_rank; from_rank: the caller; to_rank: the rank written; heap_bases:

@@ -1,0 +1,27 @@
+"""iris's logger: messages tagged with the rank that logged them, as Iris's ctx.info(...) prints.
+
+iris.set_logger_level(iris.DEBUG) shows everything; the default shows warnings and errors.
+Records carry `iris_rank` and `iris_num_ranks`, so a user's own formatter can use them too.
+"""
+import logging as _logging
+
+DEBUG, INFO, WARNING, ERROR = _logging.DEBUG, _logging.INFO, _logging.WARNING, _logging.ERROR
+
+logger = _logging.getLogger("iris")
+if not logger.handlers:
+    _handler = _logging.StreamHandler()
+    _handler.setFormatter(_logging.Formatter("[iris rank %(iris_rank)s/%(iris_num_ranks)s] %(levelname)s: %(message)s"))
+    logger.addHandler(_handler)
+    logger.propagate = False
+    logger.setLevel(WARNING)
+
+
+def set_logger_level(level) -> None:
+    """Show iris's messages at `level` and above: iris.DEBUG, INFO, WARNING or ERROR (or a name)."""
+    logger.setLevel(level.upper() if isinstance(level, str) else level)
+
+
+def log(rank: int, world: int, level: int, message) -> None:
+    """Log message at level, tagged with rank and world."""
+    if logger.isEnabledFor(level):
+        logger.log(level, message, extra={"iris_rank": rank, "iris_num_ranks": world})

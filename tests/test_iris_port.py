@@ -1,0 +1,25 @@
+"""An Iris-style program (tests/iris_style_program.py: kernels as Iris's README writes them,
+torch.distributed + torch.multiprocessing.spawn as Iris's README launches them) runs unchanged:
+2 ranks on the host driver here, one per GPU on a GPU machine."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_iris_style_program_runs():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "iris_style_program.py"), str(_free_port())],
+                          env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "rank 0: OK" in out and "rank 1: OK" in out, out[-3000:]
