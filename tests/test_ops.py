@@ -1,0 +1,115 @@
+"""Fused GEMM + communication (ctx.ops) on real ranks, checked element by element against torch's
+matmul plus the collective done by hand (every rank builds every rank's inputs from one seed)."""
+import pytest
+import torch
+
+import iris
+from iris.ops import FusedConfig, matmul
+
+TINY = FusedConfig(block_size_m=16, block_size_n=16, block_size_k=16)
+TOL = {torch.bfloat16: dict(rtol=2e-2, atol=6e-2), torch.float16: dict(rtol=4e-3, atol=1e-2)}
+
+
+def _inputs(world, shapes, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(*s, generator=g).to(dtype) for s in shapes] for _ in range(world)]
+
+
+def _close(name, got, want, dtype):
+    got = got.float().cpu()
+    if torch.isnan(got).any():
+        return f"{name}: {int(torch.isnan(got).sum())} elements never written (still NaN)"
+    if not torch.allclose(got, want, **TOL[dtype]):
+        return f"{name}: max error {(got - want).abs().max().item():.4g}"
+    return None
+
+
+def rank_ops(dtype, M, N, K, config, dev_env):
+    ctx = iris.iris(heap_size=1 << 24)
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    dev = ctx.get_device()
+    errors = []
+    for call, seed in enumerate((1, 2)):  # twice: the second call reuses the workspace, next epoch
+        m = M // w
+        # all_gather_matmul: A row-sharded (m x K per rank), B replicated
+        ins = _inputs(w, [(m, K)], dtype, seed)
+        Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(seed + 99)).to(dtype)
+        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        out = torch.full((w * m, N), float("nan"), dtype=dtype, device=dev)
+        Bt = Bg.t().contiguous().to(dev).t() if call else Bg.to(dev)  # second call: B column-major
+        ctx.ops.all_gather_matmul(out, ins[r][0].to(dev), Bt, config=config)
+        errors.append(_close(f"all_gather_matmul call {call}", out, want, dtype))
+        # matmul_all_reduce / matmul_reduce_scatter: row-parallel, A (M x k), B (k x N) per rank
+        k = K // w
+        ins = _inputs(w, [(M, k), (k, N)], dtype, seed + 7)
+        want = sum(x[0].float() @ x[1].float() for x in ins)
+        out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
+        A = ins[r][0].t().contiguous().to(dev).t() if call else ins[r][0].to(dev)  # second call: A column-major
+        ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=config)
+        errors.append(_close(f"matmul_all_reduce call {call}", out, want, dtype))
+        out = torch.full((m, N), float("nan"), dtype=dtype, device=dev)
+        ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=config)
+        errors.append(_close(f"matmul_reduce_scatter call {call}", out, want[r * m:(r + 1) * m], dtype))
+        # matmul_all_gather: A row-sharded, output on the heap
+        ins = _inputs(w, [(m, K)], dtype, seed + 13)
+        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        out = ctx.full((w * m, N), float("nan"), dtype=dtype)
+        ctx.ops.matmul_all_gather(out, ins[r][0].to(dev), Bg.to(dev), config=config)
+        errors.append(_close(f"matmul_all_gather call {call}", out, want, dtype))
+    ctx.barrier()
+    ctx.close()
+    return [e for e in errors if e]
+
+
+@pytest.mark.parametrize("world,dtype", [(2, torch.bfloat16), (3, torch.float16)])
+def test_fused_ops_match_torch(world, dtype):
+    # 48 x 40 x 24 in 16-tiles: no dimension divides (per-rank rows 24 or 16, K shards 12 or 8)
+    out = iris.spawn(rank_ops, world, args=(dtype, 48, 40, 24, TINY, None))
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"
+
+
+def rank_bad_shapes():
+    ctx = iris.iris(heap_size=1 << 22)
+    w, dev = ctx.get_num_ranks(), ctx.get_device()
+    live = set(ctx.heap.alloc.offsets.live)
+    A, B = torch.randn(8, 6, device=dev).half(), torch.randn(6, 5, device=dev).half()
+    msgs = []
+    cases = [
+        (ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),  # K mismatch
+        (ctx.ops.all_gather_matmul, torch.empty(8, 5, device=dev).half(), A, B),  # output rows
+        (ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev), A.float(), B.float()),  # fp32
+        (ctx.ops.matmul_reduce_scatter, torch.empty(3, 5, device=dev).half(), A[:7], B),  # 7 rows over w ranks
+        (ctx.ops.matmul_all_gather, torch.empty(8 * w, 5, device=dev).half(), A, B),  # output not on the heap
+        (ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).half(), A, B.bfloat16()),  # mixed dtypes
+    ]
+    for fn, o, a, b in cases:
+        try:
+            fn(o, a, b)
+            msgs.append(None)
+        except (ValueError, TypeError) as e:
+            msgs.append(str(e))
+    intact = set(ctx.heap.alloc.offsets.live) == live
+    ctx.close()
+    return msgs, intact
+
+
+def test_bad_shapes_raise_before_allocating():
+    for msgs, intact in iris.spawn(rank_bad_shapes, 2):
+        assert intact, "a rejected call allocated on the heap"
+        assert None not in msgs, f"a bad call did not raise: {msgs}"
+        for want, got in zip(["B needs 6 rows", "output must be", "bfloat16 or torch.float16", "do not split over 2",
+                              "heap tensor", "share a dtype"], msgs):
+            assert want in got, f"expected {want!r} in {got!r}"
+
+
+def test_matmul_world_one_transposed_and_odd():
+    for dtype in (torch.bfloat16, torch.float16):
+        A = torch.randn(33, 50).to(dtype)
+        B = torch.randn(50, 17).to(dtype)
+        for a, b in ((A, B), (A.t().contiguous().t(), B), (A, B.t().contiguous().t())):
+            out = torch.full((33, 17), float("nan"), dtype=dtype)
+            matmul(a, b, out=out, config=TINY)
+            assert torch.allclose(out.float(), a.float() @ b.float(), **TOL[dtype])
+    with pytest.raises(ValueError, match="B needs 50 rows"):
+        matmul(A, B[:49])
