@@ -24,11 +24,11 @@ def _close(name, got, want, dtype):
     return None
 
 
-def rank_ops(dtype, M, N, K, config, dev_env):
-    ctx = iris.iris(heap_size=1 << 24)
+def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
+    ctx = iris.iris(heap_size=heap_size)
     r, w = ctx.get_rank(), ctx.get_num_ranks()
     dev = ctx.get_device()
-    errors = []
+    errors = _bad_shapes(ctx) if bad_shapes else []
     for call, seed in enumerate((1, 2)):  # twice: the second call reuses the workspace, next epoch
         m = M // w
         # all_gather_matmul: A row-sharded (m x K per rank), B replicated
@@ -61,46 +61,49 @@ def rank_ops(dtype, M, N, K, config, dev_env):
     return [e for e in errors if e]
 
 
+def _bad_shapes(ctx):
+    """Each bad call must raise naming the problem, before it allocates anything on the heap."""
+    w, dev = ctx.get_num_ranks(), ctx.get_device()
+    live = set(ctx.heap.alloc.offsets.live)
+    A, B = torch.randn(8, 6, device=dev).half(), torch.randn(6, 5, device=dev).half()
+    cases = [
+        ("B needs 6 rows", ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),
+        ("output must be", ctx.ops.all_gather_matmul, torch.empty(8, 5, device=dev).half(), A, B),
+        ("bfloat16 or torch.float16", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev), A.float(), B.float()),
+        (f"do not split over {w}", ctx.ops.matmul_reduce_scatter, torch.empty(3, 5, device=dev).half(), A[:7], B),
+        ("heap tensor", ctx.ops.matmul_all_gather, torch.empty(8 * w, 5, device=dev).half(), A, B),
+        ("share a dtype", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).half(), A, B.bfloat16()),
+    ]
+    errors = []
+    for want, fn, o, a, b in cases:
+        try:
+            fn(o, a, b)
+            errors.append(f"no error where {want!r} was expected")
+        except (ValueError, TypeError) as e:
+            if want not in str(e):
+                errors.append(f"expected {want!r} in {str(e)!r}")
+    if set(ctx.heap.alloc.offsets.live) != live:
+        errors.append("a rejected call allocated on the heap")
+    return errors
+
+
 @pytest.mark.parametrize("world,dtype", [(2, torch.bfloat16), (3, torch.float16)])
 def test_fused_ops_match_torch(world, dtype):
-    # 48 x 40 x 24 in 16-tiles: no dimension divides (per-rank rows 24 or 16, K shards 12 or 8)
-    out = iris.spawn(rank_ops, world, args=(dtype, 48, 40, 24, TINY, None))
+    # 48 x 40 x 24 in 16-tiles: no dimension divides (per-rank rows 24 or 16, K shards 12 or 8); world 2
+    # also checks that bad shapes raise before allocating
+    out = iris.spawn(rank_ops, world, args=(dtype, 48, 40, 24, TINY, 1 << 24, world == 2))
     for r, errs in enumerate(out):
         assert not errs, f"rank {r}: {errs}"
 
 
-def rank_bad_shapes():
-    ctx = iris.iris(heap_size=1 << 22)
-    w, dev = ctx.get_num_ranks(), ctx.get_device()
-    live = set(ctx.heap.alloc.offsets.live)
-    A, B = torch.randn(8, 6, device=dev).half(), torch.randn(6, 5, device=dev).half()
-    msgs = []
-    cases = [
-        (ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),  # K mismatch
-        (ctx.ops.all_gather_matmul, torch.empty(8, 5, device=dev).half(), A, B),  # output rows
-        (ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev), A.float(), B.float()),  # fp32
-        (ctx.ops.matmul_reduce_scatter, torch.empty(3, 5, device=dev).half(), A[:7], B),  # 7 rows over w ranks
-        (ctx.ops.matmul_all_gather, torch.empty(8 * w, 5, device=dev).half(), A, B),  # output not on the heap
-        (ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).half(), A, B.bfloat16()),  # mixed dtypes
-    ]
-    for fn, o, a, b in cases:
-        try:
-            fn(o, a, b)
-            msgs.append(None)
-        except (ValueError, TypeError) as e:
-            msgs.append(str(e))
-    intact = set(ctx.heap.alloc.offsets.live) == live
-    ctx.close()
-    return msgs, intact
-
-
-def test_bad_shapes_raise_before_allocating():
-    for msgs, intact in iris.spawn(rank_bad_shapes, 2):
-        assert intact, "a rejected call allocated on the heap"
-        assert None not in msgs, f"a bad call did not raise: {msgs}"
-        for want, got in zip(["B needs 6 rows", "output must be", "bfloat16 or torch.float16", "do not split over 2",
-                              "heap tensor", "share a dtype"], msgs):
-            assert want in got, f"expected {want!r} in {got!r}"
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_ops_gpu_default_tiles(dtype):
+    """The GPU tiles (TMA where the strides allow, pointers where a K shard of 388 does not), odd sizes."""
+    out = iris.spawn(rank_ops, min(torch.cuda.device_count(), 4) if torch.cuda.device_count() > 1 else 2,
+                     args=(dtype, 4 * 260, 1000, 776, None, 1 << 27))
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"
 
 
 def test_matmul_world_one_transposed_and_odd():

@@ -20,10 +20,10 @@ from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, interpreted, 
 
 
 @triton.jit
-def _fence_async():
+def _fence_async(x):
     # the flag was acquired by ordinary loads; TMA reads through the async proxy
-    tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise("fence.proxy.async; mov.u32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False,
+                              pack=1)
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def _all_gather_matmul_kernel(a, a_ptr, g, g_ptr, b, c, flags, ctl, heap_bases, 
         else:
             wait(flags + src * chunks + pid_m, ep, rank, rank, heap_bases, cmp="ge")
             if TMA:
-                _fence_async()
+                _fence_async(pid)
             acc = _dot_tile(g, b, src * M_loc + pid_m * BM, pid_n * BN, (src + 1) * M_loc, N, K, K, 1, sbk, sbn, BM,
                             BN, BK, TMA, False, B_T, STAGES)
         p, mask = _tile_ptrs(c + (src * M_loc).to(tl.int64) * scm, pid_m * BM, pid_n * BN, M_loc, N, scm, scn, BM, BN)
@@ -95,7 +95,7 @@ def check(A: torch.Tensor, B: torch.Tensor, output: torch.Tensor, world: int) ->
 def preamble(ctx, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, config: FusedConfig | None = None) -> dict:
     """The workspace for these shapes: gather buffer, per-block flags, ctl. Collective: all ranks, same order, same sizes."""
     check(A, B, output, ctx.world)
-    t = tiles_for(output.shape[0], output.shape[1], A.device, config, comm=False)
+    t = tiles_for(output.shape[0], output.shape[1], A.device, config)
     m, k = A.shape
     chunks = triton.cdiv(max(m, 1), t.bm)
     ws = {"gather": ctx.empty(ctx.world * m, k, dtype=A.dtype), "flags": ctx.zeros(ctx.world * chunks,

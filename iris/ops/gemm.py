@@ -141,13 +141,16 @@ class Tiles:
     sms: int
 
 
-def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None, comm: bool = False) -> Tiles:
-    """The config with its None fields chosen for an M x N output on device."""
+def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None) -> Tiles:
+    """The config with its None fields chosen for an M x N output on device: small M takes narrower
+    tiles so that every SM has one."""
     cfg = config or FusedConfig()
     if interpreted() or device.type != "cuda":
         bm, bn, bk, stages, warps = 16, 16, 16, 1, 4
-    elif M <= 256 or comm:
-        bm, bn, bk, stages, warps = 128, 128 if M > 128 else 64, 64, 4, 4 if M <= 128 else 8
+    elif M <= 128:
+        bm, bn, bk, stages, warps = 128, 64, 64, 4, 4
+    elif M <= 2048:
+        bm, bn, bk, stages, warps = 128, 128, 64, 4, 8
     else:
         bm, bn, bk, stages, warps = 128, 256, 64, 3, 8
     return Tiles(cfg.block_size_m or bm, cfg.block_size_n or bn, cfg.block_size_k or bk, cfg.group_size_m,
