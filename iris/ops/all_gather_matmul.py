@@ -27,6 +27,12 @@ def _fence_async(x):
 
 
 @triton.jit
+def _ticket(counter, base):
+    # int32: TMA offsets must be
+    return (tl.atomic_add(counter, 1, sem="relaxed", scope="gpu") - base).to(tl.int32)
+
+
+@triton.jit
 def _push_rows(a_ptr, g, flags, ctl, ep, heap_bases, rank, world, M_loc, K, sam, sak, pid, BM: tl.constexpr,
                PK: tl.constexpr, PUSHERS: tl.constexpr):
     for i in range(1, world):
@@ -61,21 +67,27 @@ def _all_gather_matmul_kernel(a, a_ptr, g, g_ptr, b, c, flags, ctl, heap_bases, 
     per_shard = chunks * num_n
     total = world * per_shard
     base = (ep - 1) * (total + NUM_SMS)  # every call takes exactly total + NUM_SMS tickets
-    t = tl.atomic_add(ctl + 2 + world, 1, sem="relaxed", scope="gpu") - base
+    # tickets in order: this rank's rows first, then the next rank's, ... Two loops, not one with a
+    # branch: their TMA pipelines then share shared memory (in one loop both would be allocated).
+    t = _ticket(ctl + 2 + world, base)
+    while t < per_shard:
+        nxt = _ticket(ctl + 2 + world, base)  # in flight during this tile
+        pid_m, pid_n = _tile_mn(t, chunks, num_n, GROUP_M)
+        acc = _dot_tile(a, b, pid_m * BM, pid_n * BN, M_loc, N, K, sam, sak, sbk, sbn, BM, BN, BK, TMA, A_T, B_T,
+                        STAGES)
+        p, mask = _tile_ptrs(c + (rank * M_loc).to(tl.int64) * scm, pid_m * BM, pid_n * BN, M_loc, N, scm, scn, BM,
+                             BN)
+        tl.store(p, acc.to(c.dtype.element_ty), mask=mask)
+        t = nxt
     while t < total:
-        nxt = tl.atomic_add(ctl + 2 + world, 1, sem="relaxed", scope="gpu") - base  # in flight during the tile
-        j = t // per_shard
-        src = (rank + j) % world
+        nxt = _ticket(ctl + 2 + world, base)
+        src = (rank + t // per_shard) % world
         pid_m, pid_n = _tile_mn(t % per_shard, chunks, num_n, GROUP_M)
-        if j == 0:
-            acc = _dot_tile(a, b, pid_m * BM, pid_n * BN, M_loc, N, K, sam, sak, sbk, sbn, BM, BN, BK, TMA, A_T, B_T,
-                            STAGES)
-        else:
-            wait(flags + src * chunks + pid_m, ep, rank, rank, heap_bases, cmp="ge")
-            if TMA:
-                _fence_async(pid)
-            acc = _dot_tile(g, b, src * M_loc + pid_m * BM, pid_n * BN, (src + 1) * M_loc, N, K, K, 1, sbk, sbn, BM,
-                            BN, BK, TMA, False, B_T, STAGES)
+        wait(flags + src * chunks + pid_m, ep, rank, rank, heap_bases, cmp="ge")
+        if TMA:
+            _fence_async(pid)
+        acc = _dot_tile(g, b, src * M_loc + pid_m * BM, pid_n * BN, (src + 1) * M_loc, N, K, K, 1, sbk, sbn, BM, BN,
+                        BK, TMA, False, B_T, STAGES)
         p, mask = _tile_ptrs(c + (src * M_loc).to(tl.int64) * scm, pid_m * BM, pid_n * BN, M_loc, N, scm, scn, BM, BN)
         tl.store(p, acc.to(c.dtype.element_ty), mask=mask)
         t = nxt
