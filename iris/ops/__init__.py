@@ -30,7 +30,7 @@ class OpsNamespace:
 
     def _ws(self, name, output, A, B, config, make):
         key = (name, tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device,
-               config.key() if config else None)
+               config)
         ws = self._workspaces.get(key)
         if ws is None:
             ws = self._workspaces[key] = make()

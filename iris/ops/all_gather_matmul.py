@@ -16,7 +16,7 @@ import triton.language as tl
 from ..device import signal, store, wait
 from .config import FusedConfig
 from .epoch import _epoch, _finish
-from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, interpreted, operand, tiles_for, tma_ok
+from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, interpreted, launch, operand, tiles_for, tma_ok
 
 
 @triton.jit
@@ -105,7 +105,8 @@ def check(A: torch.Tensor, B: torch.Tensor, output: torch.Tensor, world: int) ->
 
 
 def preamble(ctx, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, config: FusedConfig | None = None) -> dict:
-    """The workspace for these shapes: gather buffer, per-block flags, ctl. Collective: all ranks, same order, same sizes."""
+    """The workspace for these shapes: gather buffer, per-block flags, ctl.
+    Collective: all ranks, same order, same sizes."""
     check(A, B, output, ctx.world)
     t = tiles_for(output.shape[0], output.shape[1], A.device, config)
     m, k = A.shape
@@ -118,11 +119,15 @@ def preamble(ctx, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, config
 
 def run(ctx, output, A, B, config, ws) -> torch.Tensor:
     """Launch on the current stream; no host synchronization."""
-    t = ws["tiles"]
-    m, k = A.shape
-    n = B.shape[1]
-    if m == 0 or n == 0:
+    if output.numel() == 0:
         return output
+    launch(ws, _all_gather_matmul_kernel, (A, B, output), lambda: _args(ctx, output, A, B, config, ws))
+    return output
+
+
+def _args(ctx, output, A, B, config, ws):
+    t = ws["tiles"]
+    (m, k), n = A.shape, B.shape[1]
     g = ws["gather"]
     tma = tma_ok(A, B, g)
     a, a_t = operand(A, (t.bm, t.bk), tma)
@@ -130,9 +135,8 @@ def run(ctx, output, A, B, config, ws) -> torch.Tensor:
     gd = operand(g, (t.bm, t.bk), tma)[0]
     pushers = (config.comm_sms if config and config.comm_sms else 1 if interpreted() else 8)
     grid = max(t.sms, pushers + 1)
-    _all_gather_matmul_kernel[(grid,)](
-        a, A, gd, g, b, output, ws["flags"], ws["ctl"], ctx.get_heap_bases(), ctx.rank, ctx.world, m, n, k,
-        A.stride(0), A.stride(1), B.stride(0), B.stride(1), output.stride(0), output.stride(1), BM=t.bm, BN=t.bn,
-        BK=t.bk, GROUP_M=t.group_m, NUM_SMS=grid, PUSHERS=pushers, PK=min(128, max(t.bk, 16)), TMA=tma, A_T=a_t,
-        B_T=b_t, STAGES=t.stages, num_warps=t.warps, num_stages=t.stages)
-    return output
+    return ((grid,), (a, A, gd, g, b, output, ws["flags"], ws["ctl"], ctx.get_heap_bases(), ctx.rank, ctx.world, m, n,
+                      k, A.stride(0), A.stride(1), B.stride(0), B.stride(1), output.stride(0), output.stride(1)),
+            dict(BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, NUM_SMS=grid, PUSHERS=pushers,
+                 PK=min(128, max(t.bk, 16)), TMA=tma, A_T=a_t, B_T=b_t, STAGES=t.stages, num_warps=t.warps,
+                 num_stages=t.stages))

@@ -1,7 +1,7 @@
 """FusedConfig: the tile sizes and launch shape of the fused GEMM + communication kernels."""
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 
@@ -32,6 +32,3 @@ class FusedConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"FusedConfig.{name} must be a positive int, got {v!r}")
-
-    def key(self) -> tuple:
-        return astuple(self)

@@ -15,7 +15,7 @@ import triton.language as tl
 from ..device import signal, store, wait
 from .config import FusedConfig
 from .epoch import _epoch, _finish
-from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, operand, tiles_for, tma_ok
+from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, launch, operand, tiles_for, tma_ok
 
 
 @triton.jit
@@ -78,17 +78,19 @@ def preamble(ctx, output, A, B, config: FusedConfig | None = None) -> dict:
 
 def run(ctx, output, A, B, config, ws) -> torch.Tensor:
     """Launch on the current stream; no host synchronization."""
-    t = ws["tiles"]
-    m, k = A.shape
-    n = B.shape[1]
     if output.numel() == 0:
         return output
+    launch(ws, _matmul_all_gather_kernel, (A, B, output), lambda: _args(ctx, output, A, B, ws))
+    return output
+
+
+def _args(ctx, output, A, B, ws):
+    t = ws["tiles"]
+    (m, k), n = A.shape, B.shape[1]
     tma = tma_ok(A, B)
     a, a_t = operand(A, (t.bm, t.bk), tma)
     b, b_t = operand(B, (t.bk, t.bn), tma)
-    _matmul_all_gather_kernel[(t.sms,)](
-        a, b, output, ws["flags"], ws["ctl"], ctx.get_heap_bases(), ctx.rank, ctx.world, m, n, k, A.stride(0),
-        A.stride(1), B.stride(0), B.stride(1), output.stride(0), output.stride(1), BM=t.bm, BN=t.bn, BK=t.bk,
-        GROUP_M=t.group_m, NUM_SMS=t.sms, TMA=tma, A_T=a_t, B_T=b_t, STAGES=t.stages, num_warps=t.warps,
-        num_stages=t.stages)
-    return output
+    return ((t.sms,), (a, b, output, ws["flags"], ws["ctl"], ctx.get_heap_bases(), ctx.rank, ctx.world, m, n, k,
+                       A.stride(0), A.stride(1), B.stride(0), B.stride(1), output.stride(0), output.stride(1)),
+            dict(BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, NUM_SMS=t.sms, TMA=tma, A_T=a_t, B_T=b_t,
+                 STAGES=t.stages, num_warps=t.warps, num_stages=t.stages))
