@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import contextmanager
+from functools import cached_property
 from numbers import Number
 from typing import Optional
 
@@ -441,6 +442,12 @@ class Iris:
     def __repr__(self) -> str:
         return (f"Iris(rank={self.rank}, world={self.world}, device={self.device}, allocator={self.allocator_name}, "
                 f"heap_size={self.heap_size})")
+
+    @cached_property
+    def ops(self):
+        """Fused GEMM + communication (iris.ops): ctx.ops.all_gather_matmul(output, A, B) and the others."""
+        from .ops import OpsNamespace
+        return OpsNamespace(self)
 
     # -- device barrier (iris/device/sync.py) -------------------------------
     def device_barrier(self, group=None) -> None:

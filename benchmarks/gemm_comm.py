@@ -1,0 +1,230 @@
+"""The fused GEMM + communication ops against the bulk-synchronous and PyTorch references, same run.
+
+    python -m iris.run -n 2 benchmarks/gemm_comm.py                 # everything, JSON to benchmarks/results/
+    python -m iris.run -n 2 benchmarks/gemm_comm.py --part gemm     # world-1 GEMM configs vs torch.matmul
+    python -m iris.run -n 2 benchmarks/gemm_comm.py --dry-run       # tiny sizes on the host, no GPU
+
+gemm: iris.ops.matmul (persistent, TMA) against torch.matmul (cuBLAS) at 8192^3 and 4096x8192x8192
+bf16, several tile configs, TFLOP/s (rank 0's GPU). fused (A sharded by rows, bf16): all_gather_matmul
+and matmul_all_gather at M=8192, K=N=8192 against torch.matmul alone (the floor: no communication),
+NCCL collective + torch.matmul, and torch.ops.symm_mem.fused_all_gather_matmul; matmul_reduce_scatter
+at the same shape against matmul + reduce_scatter_tensor and symm_mem.fused_matmul_reduce_scatter;
+matmul_all_reduce (row-parallel, K sharded) at M = 128..2048, K=N=8192 against matmul + all_reduce.
+Each eager (CUDA events around each call) and replayed from a CUDA graph; medians in microseconds.
+Every fused result is checked against its reference before it is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import init_torch_distributed, timed, write_result  # noqa: E402
+
+import iris  # noqa: E402
+from iris.ops import FusedConfig, matmul  # noqa: E402
+
+GEMM_CONFIGS = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (128, 128, 64, 4, 8), (128, 128, 64, 3, 4),
+                (256, 128, 64, 3, 8)]
+
+
+def us(dev, fn, reps):
+    return statistics.median(timed(dev, fn, reps, warmup=3)) * 1e6
+
+
+def graphed(dev, fn, reps):
+    """Median µs of replays of a CUDA graph holding one call of fn; None where capture fails."""
+    if dev.type != "cuda":
+        return None
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return us(dev, g.replay, reps)
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+
+
+def both(dev, fn, reps):
+    dist.barrier()
+    e = us(dev, fn, reps)
+    dist.barrier()
+    return {"eager_us": e, "graph_us": graphed(dev, fn, reps)}
+
+
+def part_gemm(dev, shapes, reps):
+    rows = []
+    for M, N, K in shapes:
+        A = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        B = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
+        flop = 2 * M * N * K
+        ref = A @ B
+        t_torch = us(dev, lambda: torch.matmul(A, B), reps)
+        row = {"M": M, "N": N, "K": K, "torch_us": t_torch, "torch_tflops": flop / t_torch / 1e6, "configs": []}
+        for bm, bn, bk, st, wp in GEMM_CONFIGS if dev.type == "cuda" else [(16, 16, 16, 1, 4)]:
+            cfg = FusedConfig(block_size_m=bm, block_size_n=bn, block_size_k=bk, num_stages=st, num_warps=wp)
+            try:
+                out = matmul(A, B, config=cfg)
+                err = (out.float() - ref.float()).abs().max().item()
+                t = us(dev, lambda: matmul(A, B, out=out, config=cfg), reps)
+                row["configs"].append({"config": [bm, bn, bk, st, wp], "us": t, "tflops": flop / t / 1e6,
+                                       "vs_torch": t_torch / t, "max_abs_err_vs_torch": err})
+            except Exception as e:  # noqa: BLE001 - a config that does not fit is recorded
+                row["configs"].append({"config": [bm, bn, bk, st, wp], "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        t_torch2 = us(dev, lambda: torch.matmul(A, B), reps)  # again: clocks drift over the sweep
+        row["torch_us_after"] = t_torch2
+        rows.append(row)
+        if dist.get_rank() == 0:
+            best = max((c for c in row["configs"] if "tflops" in c), key=lambda c: c["tflops"], default=None)
+            print(f"gemm {M}x{N}x{K}: torch {row['torch_tflops']:.0f} TFLOP/s; best iris {best}", flush=True)
+    return rows
+
+
+def check(name, got, want):
+    err = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item()
+    if not err <= 0.02 * scale + 0.1:
+        raise RuntimeError(f"{name}: max error {err} against the reference (scale {scale})")
+    return err
+
+
+def part_fused(ctx, dev, M, K, N, ar_ms, reps):
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    bf = torch.bfloat16
+    m = M // w
+    out = {}
+    A_loc = torch.randn(m, K, device=dev, dtype=bf)
+    B = torch.randn(K, N, device=dev, dtype=bf) / K ** 0.5
+    A_full = torch.empty(M, K, device=dev, dtype=bf)
+    C = torch.empty(M, N, device=dev, dtype=bf)
+    C_ref = torch.empty(M, N, device=dev, dtype=bf)
+
+    # all_gather_matmul
+    def ref_ag():
+        dist.all_gather_into_tensor(A_full, A_loc)
+        torch.matmul(A_full, B, out=C_ref)
+    ref_ag()
+    ctx.ops.all_gather_matmul(C, A_loc, B)
+    row = {"M": M, "K": K, "N": N, "max_abs_err": check("all_gather_matmul", C, C_ref)}
+    row["iris"] = both(dev, lambda: ctx.ops.all_gather_matmul(C, A_loc, B), reps)
+    row["matmul_alone"] = both(dev, lambda: torch.matmul(A_full, B, out=C_ref), reps)
+    row["nccl_all_gather_then_matmul"] = both(dev, ref_ag, reps)
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+        symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
+        fn = lambda: torch.ops.symm_mem.fused_all_gather_matmul(A_loc, [B], 0, dist.group.WORLD.group_name,  # noqa
+                                                                 return_A=False)
+        check("symm_mem.fused_all_gather_matmul", fn()[1][0], C_ref)
+        row["torch_symm_mem_fused"] = both(dev, fn, reps)
+    except Exception as e:  # noqa: BLE001
+        row["torch_symm_mem_fused"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+    out["all_gather_matmul"] = row
+
+    # matmul_all_gather (output on the heap)
+    Ch = ctx.empty(M, N, dtype=bf)
+    part = torch.empty(m, N, device=dev, dtype=bf)
+
+    def ref_mag():
+        torch.matmul(A_loc, B, out=part)
+        dist.all_gather_into_tensor(C_ref, part)
+    ref_mag()
+    ctx.ops.matmul_all_gather(Ch, A_loc, B)
+    row = {"M": M, "K": K, "N": N, "max_abs_err": check("matmul_all_gather", Ch, C_ref)}
+    row["iris"] = both(dev, lambda: ctx.ops.matmul_all_gather(Ch, A_loc, B), reps)
+    row["matmul_alone"] = both(dev, lambda: torch.matmul(A_loc, B, out=part), reps)
+    row["matmul_then_nccl_all_gather"] = both(dev, ref_mag, reps)
+    out["matmul_all_gather"] = row
+    del Ch
+
+    # matmul_reduce_scatter: A (M x K/w), B (K/w x N) per rank
+    k = K // w
+    A_rp = torch.randn(M, k, device=dev, dtype=bf)
+    B_rp = torch.randn(k, N, device=dev, dtype=bf) / K ** 0.5
+    Cs = torch.empty(m, N, device=dev, dtype=bf)
+    Cs_ref = torch.empty(m, N, device=dev, dtype=bf)
+
+    def ref_rs():
+        torch.matmul(A_rp, B_rp, out=C_ref)
+        dist.reduce_scatter_tensor(Cs_ref, C_ref)
+    ref_rs()
+    ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp)
+    row = {"M": M, "K": K, "N": N, "max_abs_err": check("matmul_reduce_scatter", Cs, Cs_ref)}
+    row["iris"] = both(dev, lambda: ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp), reps)
+    row["matmul_alone"] = both(dev, lambda: torch.matmul(A_rp, B_rp, out=C_ref), reps)
+    row["matmul_then_nccl_reduce_scatter"] = both(dev, ref_rs, reps)
+    try:
+        fn = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(A_rp, B_rp, "sum", 0,  # noqa
+                                                                    dist.group.WORLD.group_name)
+        check("symm_mem.fused_matmul_reduce_scatter", fn(), Cs_ref)
+        row["torch_symm_mem_fused"] = both(dev, fn, reps)
+    except Exception as e:  # noqa: BLE001
+        row["torch_symm_mem_fused"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+    out["matmul_reduce_scatter"] = row
+
+    # matmul_all_reduce at small M
+    rows = []
+    for mm in ar_ms:
+        A_ar = torch.randn(mm, k, device=dev, dtype=bf)
+        Co = torch.empty(mm, N, device=dev, dtype=bf)
+        Co_ref = torch.empty(mm, N, device=dev, dtype=bf)
+
+        def ref_ar():
+            torch.matmul(A_ar, B_rp, out=Co_ref)
+            dist.all_reduce(Co_ref)
+        ref_ar()
+        ctx.ops.matmul_all_reduce(Co, A_ar, B_rp)
+        row = {"M": mm, "K": K, "N": N, "max_abs_err": check(f"matmul_all_reduce M={mm}", Co, Co_ref)}
+        row["iris"] = both(dev, lambda: ctx.ops.matmul_all_reduce(Co, A_ar, B_rp), reps)
+        row["matmul_alone"] = both(dev, lambda: torch.matmul(A_ar, B_rp, out=Co_ref), reps)
+        row["matmul_then_nccl_all_reduce"] = both(dev, ref_ar, reps)
+        rows.append(row)
+        if r == 0:
+            print(f"matmul_all_reduce M={mm}: {row['iris']} vs nccl {row['matmul_then_nccl_all_reduce']}", flush=True)
+    out["matmul_all_reduce"] = rows
+    if r == 0:
+        for name in ("all_gather_matmul", "matmul_all_gather", "matmul_reduce_scatter"):
+            print(name, {kk: v for kk, v in out[name].items() if isinstance(v, dict)}, flush=True)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=["gemm", "fused", "all"], default="all")
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes (the host, no GPU)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rank, world = init_torch_distributed()
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    small = args.dry_run or dev.type != "cuda"
+    reps = 2 if small else args.reps
+    payload = {"dtype": "bfloat16"}
+    if args.part in ("gemm", "all"):
+        shapes = [(64, 48, 32)] if small else [(8192, 8192, 8192), (4096, 8192, 8192)]
+        payload["gemm"] = part_gemm(dev, shapes, reps)
+    if args.part in ("fused", "all"):
+        ctx = iris.iris(heap_size=(1 << 24) if small else (3 << 30))
+        payload["fused"] = (part_fused(ctx, dev, 32 * world, 32, 48, [16, 32], reps) if small else
+                            part_fused(ctx, dev, 8192, 8192, 8192, [128, 256, 512, 1024, 2048], reps))
+        ctx.barrier()
+    if rank == 0:
+        print("wrote", write_result(f"gemm_comm-{args.part}", payload, args.out), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

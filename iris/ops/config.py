@@ -1,0 +1,34 @@
+"""FusedConfig: the tile sizes and launch shape of the fused GEMM + communication kernels."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """Tuning knobs (Iris's names). None means: chosen from the shape and the device.
+
+    block_size_m/n/k: the GEMM tile; group_size_m: tiles of that many rows share B columns in L2
+    (grouped order); num_sms: programs of the persistent grid (default: every SM, or a few under
+    the interpreter); comm_sms: programs that only move data, for all_gather_matmul's pushers;
+    num_stages/num_warps: Triton's software pipeline depth and warps per program.
+    """
+    block_size_m: Optional[int] = None
+    block_size_n: Optional[int] = None
+    block_size_k: Optional[int] = None
+    group_size_m: int = 8
+    num_sms: Optional[int] = None
+    comm_sms: Optional[int] = None
+    num_stages: Optional[int] = None
+    num_warps: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("block_size_m", "block_size_n", "block_size_k"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1)):
+                raise ValueError(f"FusedConfig.{name} must be a power of two >= 16, got {v!r}")
+        for name in ("group_size_m", "num_sms", "comm_sms", "num_stages", "num_warps"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"FusedConfig.{name} must be a positive int, got {v!r}")

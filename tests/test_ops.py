@@ -1,0 +1,127 @@
+"""Fused GEMM + communication (ctx.ops) on real ranks, checked element by element against torch's
+matmul plus the collective done by hand (every rank builds every rank's inputs from one seed)."""
+import pytest
+import torch
+
+import iris
+from iris.ops import FusedConfig, matmul
+
+TINY = FusedConfig(block_size_m=16, block_size_n=16, block_size_k=16)
+TOL = {torch.bfloat16: dict(rtol=2e-2, atol=6e-2), torch.float16: dict(rtol=4e-3, atol=1e-2)}
+EPS = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}  # one ulp, relative
+
+
+def _inputs(world, shapes, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(*s, generator=g).to(dtype) for s in shapes] for _ in range(world)]
+
+
+def _close(name, got, want, dtype, partial_scale=0.0):
+    """got within one ulp of want (plus one ulp of each rank's partial where partials were rounded
+    to dtype and summed, as NCCL's all_reduce of matmul outputs does: their rounding may differ)."""
+    got = got.float().cpu()
+    if torch.isnan(got).any():
+        return f"{name}: {int(torch.isnan(got).sum())} elements never written (still NaN)"
+    bad = (got - want).abs() > EPS[dtype] * (want.abs() + partial_scale) + TOL[dtype]["atol"] / 4
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        return (f"{name}: {int(bad.sum())} elements off, max error {(got - want).abs().max().item():.4g}; "
+                f"at {i}: {got[tuple(i)].item()} vs {want[tuple(i)].item()}")
+    return None
+
+
+def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
+    ctx = iris.iris(heap_size=heap_size)
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    dev = ctx.get_device()
+    errors = _bad_shapes(ctx) if bad_shapes else []
+    for call, seed in enumerate((1, 2)):  # twice: the second call reuses the workspace, next epoch
+        m = M // w
+        # all_gather_matmul: A row-sharded (m x K per rank), B replicated
+        ins = _inputs(w, [(m, K)], dtype, seed)
+        Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(seed + 99)).to(dtype)
+        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        out = torch.full((w * m, N), float("nan"), dtype=dtype, device=dev)
+        Bt = Bg.t().contiguous().to(dev).t() if call else Bg.to(dev)  # second call: B column-major
+        ctx.ops.all_gather_matmul(out, ins[r][0].to(dev), Bt, config=config)
+        errors.append(_close(f"all_gather_matmul call {call}", out, want, dtype))
+        # matmul_all_reduce / matmul_reduce_scatter: row-parallel, A (M x k), B (k x N) per rank
+        k = K // w
+        ins = _inputs(w, [(M, k), (k, N)], dtype, seed + 7)
+        parts = [x[0].float() @ x[1].float() for x in ins]
+        want = sum(p.to(dtype).float() for p in parts)  # the collective by hand: rounded partials, summed
+        scale = w * max(p.abs().max().item() for p in parts)
+        out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
+        A = ins[r][0].t().contiguous().to(dev).t() if call else ins[r][0].to(dev)  # second call: A column-major
+        ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=config)
+        errors.append(_close(f"matmul_all_reduce call {call}", out, want, dtype, scale))
+        out = torch.full((m, N), float("nan"), dtype=dtype, device=dev)
+        ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=config)
+        errors.append(_close(f"matmul_reduce_scatter call {call}", out, want[r * m:(r + 1) * m], dtype, scale))
+        # matmul_all_gather: A row-sharded, output on the heap
+        ins = _inputs(w, [(m, K)], dtype, seed + 13)
+        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        out = ctx.full((w * m, N), float("nan"), dtype=dtype)
+        ctx.ops.matmul_all_gather(out, ins[r][0].to(dev), Bg.to(dev), config=config)
+        errors.append(_close(f"matmul_all_gather call {call}", out, want, dtype))
+    ctx.barrier()
+    ctx.close()
+    return [e for e in errors if e]
+
+
+def _bad_shapes(ctx):
+    """Each bad call must raise naming the problem, before it allocates anything on the heap."""
+    w, dev = ctx.get_num_ranks(), ctx.get_device()
+    live = set(ctx.heap.alloc.offsets.live)
+    A, B = torch.randn(8, 6, device=dev).half(), torch.randn(6, 5, device=dev).half()
+    cases = [
+        ("B needs 6 rows", ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),
+        ("output must be", ctx.ops.all_gather_matmul, torch.empty(8, 5, device=dev).half(), A, B),
+        ("bfloat16 or torch.float16", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev), A.float(), B.float()),
+        (f"do not split over {w}", ctx.ops.matmul_reduce_scatter, torch.empty(3, 5, device=dev).half(), A[:7], B),
+        ("heap tensor", ctx.ops.matmul_all_gather, torch.empty(8 * w, 5, device=dev).half(), A, B),
+        ("share a dtype", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).half(), A, B.bfloat16()),
+    ]
+    errors = []
+    for want, fn, o, a, b in cases:
+        try:
+            fn(o, a, b)
+            errors.append(f"no error where {want!r} was expected")
+        except (ValueError, TypeError) as e:
+            if want not in str(e):
+                errors.append(f"expected {want!r} in {str(e)!r}")
+    if set(ctx.heap.alloc.offsets.live) != live:
+        errors.append("a rejected call allocated on the heap")
+    return errors
+
+
+@pytest.mark.parametrize("world,dtype", [(2, torch.bfloat16), (3, torch.float16)])
+def test_fused_ops_match_torch(world, dtype):
+    # 48 x 40 x 24 in 16-tiles: no dimension divides (per-rank rows 24 or 16, K shards 12 or 8); world 2
+    # also checks that bad shapes raise before allocating
+    out = iris.spawn(rank_ops, world, args=(dtype, 48, 40, 24, TINY, 1 << 24, world == 2))
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_ops_gpu_default_tiles(dtype):
+    """The GPU tiles (TMA where the strides allow, pointers where a K shard of 388 does not), odd sizes."""
+    out = iris.spawn(rank_ops, min(torch.cuda.device_count(), 4) if torch.cuda.device_count() > 1 else 2,
+                     args=(dtype, 4 * 260, 1000, 776, None, 1 << 27))
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"
+
+
+def test_matmul_world_one_transposed_and_odd():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for dtype in (torch.bfloat16, torch.float16):
+        A = torch.randn(33, 50, device=dev).to(dtype)
+        B = torch.randn(50, 17, device=dev).to(dtype)
+        for a, b in ((A, B), (A.t().contiguous().t(), B), (A, B.t().contiguous().t())):
+            out = torch.full((33, 17), float("nan"), dtype=dtype, device=dev)
+            matmul(a, b, out=out, config=TINY)
+            assert _close("matmul", out, (a.float() @ b.float()).cpu(), dtype) is None
+    with pytest.raises(ValueError, match="B needs 50 rows"):
+        matmul(A, B[:49])
