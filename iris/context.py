@@ -329,6 +329,14 @@ class Iris:
         return (f"Iris(rank={self.rank}, world={self.world}, device={self.device}, allocator={self.allocator_name}, "
                 f"heap_size={self.heap.size})")
 
+    @property
+    def ccl(self):
+        """Collectives over the heap: ctx.ccl.all_reduce(out, inp), all_gather, ... (iris/ccl/)."""
+        if "_ccl" not in self.__dict__:
+            from .ccl import CCL
+            self._ccl = CCL(self)
+        return self._ccl
+
     # -- device barrier (iris/device/sync.py) -------------------------------
     def device_barrier(self) -> None:
         """Barrier of every rank that runs on the device, in stream order: no host round trip, and
