@@ -16,15 +16,6 @@ from ..device.translate import _translate
 
 
 @triton.jit
-def _epoch(counters):
-    """This program's next epoch: its counter in device memory, incremented."""
-    c = counters + tl.program_id(0)
-    e = tl.load(c) + 1
-    tl.store(c, e)
-    return e
-
-
-@triton.jit
 def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr):
     """Writes epoch into slot `rank` of `row` on every peer (release, sys), then waits until every peer's
     slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
@@ -39,26 +30,6 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
         seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
         pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
     tl.debug_barrier()
-
-
-@triton.jit
-def _widen(x, IS_FLOAT: tl.constexpr):
-    """Values as accumulated: floats in fp32, integers in their own type."""
-    if IS_FLOAT:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _combine(acc, x, OP: tl.constexpr):
-    """acc OP x for OP in sum, max, min."""
-    if OP == "max":
-        r = tl.maximum(acc, x)
-    elif OP == "min":
-        r = tl.minimum(acc, x)
-    else:
-        r = acc + x
-    return r
 
 
 @triton.jit
@@ -78,11 +49,16 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
     parity_stride apart) of CHUNKS chunks cs apart (1 chunk, or WORLD for rs and a2a); per: elements
     of each chunk per program (a multiple of BLOCK); cols: columns per rank for a2a.
     Double buffering by parity makes one exchange enough: a rank rewrites a stage copy only after
-    every peer has entered the next call, so after it finished reading that copy."""
+    every peer has entered the next call, so after it finished reading that copy.
+    Peer pointers are computed inline (not through translate): the interpreter pays for every nested
+    jit call, and these sit in the inner loops."""
     CHUNKS: tl.constexpr = WORLD if (MODE == "rs" or MODE == "a2a") else 1
-    e = _epoch(counters)
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
+    e = tl.load(counters + pid) + 1  # this program's epoch, kept on the device for graph replays
+    tl.store(counters + pid, e)
     buf = stage + (e % 2) * parity_stride
+    mine = tl.load(heap_bases + rank)
     lo = pid * per
     hi = tl.minimum(lo + per, n)
     ar = tl.arange(0, BLOCK)
@@ -97,24 +73,39 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
                     x = tl.load(inp + c * n + o, mask=mask)
                 tl.store(buf + c * cs + o, x, mask=mask)
     _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
-    for s in range(lo, hi, BLOCK):
-        o = s + ar
-        mask = o < n
-        if MODE == "ar" or MODE == "rs":
-            at = buf + o if MODE == "ar" else buf + rank * cs + o
-            acc = _widen(tl.load(_translate(at, rank, 0, heap_bases), mask=mask), IS_FLOAT)
+    if MODE == "ar" or MODE == "rs":
+        at = buf if MODE == "ar" else buf + rank * cs
+        for s in range(lo, hi, BLOCK):
+            o = s + ar
+            mask = o < n
+            acc = tl.load(at + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
+            if IS_FLOAT:
+                acc = acc.to(tl.float32)
             for q in tl.static_range(1, WORLD):  # the same order on every rank: identical results
-                acc = _combine(acc, _widen(tl.load(_translate(at, rank, q, heap_bases), mask=mask), IS_FLOAT), OP)
+                x = tl.load(at + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+                if IS_FLOAT:
+                    x = x.to(tl.float32)
+                if OP == "max":
+                    acc = tl.maximum(acc, x)
+                elif OP == "min":
+                    acc = tl.minimum(acc, x)
+                else:
+                    acc = acc + x
             tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
-        elif MODE == "ag":
-            for q in tl.static_range(WORLD):
-                tl.store(out + q * n + o, tl.load(_translate(buf + o, rank, q, heap_bases), mask=mask), mask=mask)
-        elif MODE == "a2a":
-            for q in tl.static_range(WORLD):
-                x = tl.load(_translate(buf + rank * cs + o, rank, q, heap_bases), mask=mask)
-                tl.store(out + _a2a_index(o, q, cols, WORLD), x, mask=mask)
-        else:
-            tl.store(out + o, tl.load(_translate(buf + o, rank, src, heap_bases), mask=mask), mask=mask)
+    else:
+        for q in tl.static_range(WORLD):
+            if MODE != "bc" or q == src:
+                peer = buf + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                for s in range(lo, hi, BLOCK):
+                    o = s + ar
+                    mask = o < n
+                    if MODE == "ag":
+                        tl.store(out + q * n + o, tl.load(peer + o, mask=mask), mask=mask)
+                    elif MODE == "a2a":
+                        x = tl.load(peer + rank * cs + o, mask=mask)
+                        tl.store(out + _a2a_index(o, q, cols, WORLD), x, mask=mask)
+                    else:
+                        tl.store(out + o, tl.load(peer + o, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -128,8 +119,11 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
     into their `gather` buffer, copied to out after the second exchange. Two exchanges per call (ready,
     done) make single buffers safe: a rank writes into a peer only after that peer entered this call,
     and leaves only after every peer finished reading it."""
-    e = _epoch(counters)
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
+    e = tl.load(counters + pid) + 1
+    tl.store(counters + pid, e)
+    mine = tl.load(heap_bases + rank)
     lo = pid * per
     hi = tl.minimum(lo + per, chunk)
     ar = tl.arange(0, BLOCK)
@@ -150,14 +144,24 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
     for s in range(lo, hi, BLOCK):
         o = rank * chunk + s + ar
         mask = o < n
-        acc = _widen(tl.load(_translate(src + o, rank, 0, heap_bases), mask=mask), IS_FLOAT)
+        acc = tl.load(src + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
+        if IS_FLOAT:
+            acc = acc.to(tl.float32)
         for q in tl.static_range(1, WORLD):
-            acc = _combine(acc, _widen(tl.load(_translate(src + o, rank, q, heap_bases), mask=mask), IS_FLOAT), OP)
+            x = tl.load(src + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+            if IS_FLOAT:
+                x = x.to(tl.float32)
+            if OP == "max":
+                acc = tl.maximum(acc, x)
+            elif OP == "min":
+                acc = tl.minimum(acc, x)
+            else:
+                acc = acc + x
         r = acc.to(out.dtype.element_ty)
         tl.store(out + o, r, mask=mask)
         for q in tl.static_range(WORLD):
             if q != rank:
-                tl.store(_translate(dst + o, rank, q, heap_bases), r, mask=mask)
+                tl.store(dst + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, r, mask=mask)
     _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
     if not OUT_HEAP:
         for c in tl.static_range(WORLD):
