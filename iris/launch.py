@@ -67,6 +67,7 @@ class Launcher:
         self.last = None
         self.direct = not _interpreting()
         self.device = None
+        self.fallback = None  # why the direct path was given up, if it was
 
     def __call__(self, *args):
         self._launch(args, specialization(args))
@@ -86,7 +87,7 @@ class Launcher:
         k = self.fn[self.grid](*args, **self.options)
         if hasattr(k, "result"):  # an async compile's future
             k = k.result()
-        if self.direct and hasattr(k, "run") and hasattr(k, "packed_metadata") and hasattr(k, "function"):
+        if self.direct and self.fallback is None and hasattr(k, "run") and hasattr(k, "packed_metadata") and hasattr(k, "function"):
             self.device = torch.cuda.current_device()
             self.compiled[key] = self.last = k
 
@@ -96,5 +97,9 @@ class Launcher:
             self.fn[self.grid](*args, **self.options)
             return
         stream = torch._C._cuda_getCurrentRawStream(self.device)
-        k.run(self.grid[0], self.grid[1], self.grid[2], stream, k.function, k.packed_metadata, None, None, None,
-              *args)
+        try:
+            k.run(self.grid[0], self.grid[1], self.grid[2], stream, k.function, k.packed_metadata, None, None, None,
+                  *args)
+        except TypeError as e:  # a Triton whose launcher takes other arguments: the JIT path from now on
+            self.direct, self.compiled, self.last, self.fallback = False, {}, None, str(e)
+            self.fn[self.grid](*args, **self.options)

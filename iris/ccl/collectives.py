@@ -81,7 +81,10 @@ class CCL:
         """Builds (collectively) what all_reduce(out, inp) needs, so the first real call can be captured
         in a CUDA graph. Returns the plan; passing it back as workspace= is optional. Collective: all
         ranks, same order, same sizes."""
-        return self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
+        key = ("ar", op, inp.shape, out.shape, inp.dtype, config)
+        if key not in self.plans:
+            self.plans[key] = self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
+        return self.plans[key]
 
     def all_reduce(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
         """out = inp reduced (sum, max or min) over all ranks; out may be inp. Shapes (M, N) or any,
@@ -132,6 +135,17 @@ class CCL:
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
             raise CollectiveError(f"broadcast: src must be a rank in [0, {self.ctx.world}), got {src!r}")
         self._run("bc", out, inp, group, config, tuple(inp.shape), src=src)
+
+    def free(self) -> None:
+        """Gives every workspace back to the heap (the next call of each shape builds it again).
+        Collective: all ranks, at the same point of their calls."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        for plan in {id(p): p for p in self.plans.values()}.values():
+            for t in plan.workspace:
+                if self.ctx.is_symmetric(t):
+                    self.ctx.free(t)
+        self.plans = {}
 
     # -- plans -------------------------------------------------------------
     def _run(self, mode, out, inp, group, config, want, op=ReduceOp.SUM, src=0):
