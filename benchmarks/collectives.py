@@ -131,15 +131,17 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
         y = torch.empty_like(x)
         ref = x.clone()
         dist.all_reduce(ref)
-        variants = [("iris", None), ("iris_two_shot", TWO)] + ([("iris_one_shot", ONE)] if nbytes <= 16 * MiB else [])
-        for name, cfg in variants:
-            y.fill_(-1)
-            ctx.ccl.all_reduce(y, x, config=cfg)
+        xh, yh = ctx.empty(n, dtype=torch.bfloat16).copy_(x), ctx.empty(n, dtype=torch.bfloat16)
+        variants = [("iris", None, x, y), ("iris_two_shot", TWO, x, y), ("iris_heap", None, xh, yh)] + (
+            [("iris_one_shot", ONE, x, y)] if nbytes <= 16 * MiB else [])
+        for name, cfg, x_, y_ in variants:
+            y_.fill_(-1)
+            ctx.ccl.all_reduce(y_, x_, config=cfg)
             torch.cuda.synchronize() if gpu else None
             # bf16 sums of 2 ranks are exact in any order; more ranks may round differently from NCCL
-            err = (y.float() - ref.float()).abs().max().item()
+            err = (y_.float() - ref.float()).abs().max().item()
             row[f"{name}_max_abs_diff_vs_nccl"] = err
-            timer.both(row, name, lambda: ctx.ccl.all_reduce(y, x, config=cfg), calls)
+            timer.both(row, name, lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
         row["variant_auto"] = ctx.ccl.plans[("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, None)].variant
         timer.both(row, "nccl", lambda: dist.all_reduce(y), calls)
         if symm is not None:
@@ -159,6 +161,8 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
             except Exception as e:
                 row["symm_error"] = f"{type(e).__name__}: {e}"[:200]
         ctx.ccl.free()
+        ctx.free(yh)
+        ctx.free(xh)
         rows.append(row)
         if ctx.rank == 0:
             print(f"all_reduce {nbytes:>10}: " + ", ".join(f"{k[:-3]}={v:.1f}" for k, v in row.items()
@@ -212,15 +216,75 @@ def move_rows(ctx, timer, sizes, gpu):
     return rows
 
 
+def host_costs(ctx, timer, gpu):
+    """Where eager time goes: host microseconds per call (perf_counter over back-to-back calls, one
+    sync at the end) of a 1 KiB all_reduce through ctx.ccl, of the same kernel launched through
+    Triton's JIT (kernel[grid](...): the control for iris.launch.Launcher), and of torch copy_."""
+    import time
+    x = torch.randn(512, device=ctx.device).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    ctx.ccl.all_reduce(y, x)
+    plan = ctx.ccl.plans[("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, None)]
+    args = list(plan.args)
+    args[0], args[1] = x, y
+    calls = 2000 if gpu else 5
+
+    def per_call(fn):
+        timer.sync()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = (time.perf_counter() - t) / calls
+        timer.sync()
+        return slowest(host * 1e6)
+
+    out = {"iris_all_reduce_host_us": per_call(lambda: ctx.ccl.all_reduce(y, x)),
+           "jit_launch_same_kernel_host_us": per_call(lambda: plan.fn[plan.grid](*args, num_warps=plan.warps)),
+           "iris_all_reduce_host_us_again": per_call(lambda: ctx.ccl.all_reduce(y, x)),
+           "torch_copy_host_us": per_call(lambda: y.copy_(x))}
+    launchers = list(plan.launchers.values())
+    out["direct_launch_used"] = all(lc.last is not None for lc in launchers) if gpu else False
+    out["fallback"] = [lc.fallback for lc in launchers if lc.fallback]
+    ctx.ccl.free()
+    if ctx.rank == 0:
+        print("host cost per call: " + ", ".join(f"{k}={v}" for k, v in out.items()), flush=True)
+    return out
+
+
+def sweep(ctx, timer, gpu):
+    """Two-shot kernel parameters at 16 and 64 MiB (heap tensors, graph): the data behind the defaults."""
+    if not gpu:
+        return []
+    rows = []
+    for nbytes in (16 * MiB, 64 * MiB):
+        n = nbytes // 2
+        x, y = ctx.empty(n, dtype=torch.bfloat16).normal_(), ctx.empty(n, dtype=torch.bfloat16)
+        for block, warps, sms in ((4096, 8, 0), (8192, 8, 0), (8192, 16, 0), (16384, 16, 0), (8192, 8, 64),
+                                  (4096, 4, 0)):
+            cfg = Config(block_size=block, num_warps=warps, comm_sms=sms, all_reduce_variant="two_shot")
+            row = {"bytes": nbytes, "block_size": block, "num_warps": warps, "comm_sms": sms}
+            timer.both(row, "two_shot_heap", lambda: ctx.ccl.all_reduce(y, x, config=cfg), 20)
+            row.pop("two_shot_heap_eager_us", None)
+            rows.append(row)
+            ctx.ccl.free()
+        ctx.free(y)
+        ctx.free(x)
+    if ctx.rank == 0:
+        print("sweep: " + "; ".join(f"{r['bytes'] >> 20}MiB b{r['block_size']} w{r['num_warps']} s{r['comm_sms']}: "
+                                    f"{r.get('two_shot_heap_graph_us', 0):.1f}" for r in rows), flush=True)
+    return rows
+
+
 def table(ar, moves):
     def f(v):
         return f"{v:8.1f}" if v else f"{'-':>8}"
     lines = ["all_reduce bf16, us per call (eager / graph)",
-             f"{'bytes':>10} {'iris':>17} {'1-shot':>17} {'2-shot':>17} {'nccl':>17} {'symm 1-shot':>17} "
+             f"{'bytes':>10} {'iris':>17} {'1-shot':>17} {'2-shot':>17} {'heap':>17} {'nccl':>17} {'symm 1-shot':>17} "
              f"{'symm 2-shot':>17}"]
     for r in ar:
         cells = [f"{f(r.get(k + '_eager_us'))}/{f(r.get(k + '_graph_us'))}"
-                 for k in ("iris", "iris_one_shot", "iris_two_shot", "nccl", "symm_one_shot", "symm_two_shot")]
+                 for k in ("iris", "iris_one_shot", "iris_two_shot", "iris_heap", "nccl", "symm_one_shot",
+                           "symm_two_shot")]
         lines.append(f"{r['bytes']:>10} " + " ".join(cells) + f"  auto={r['variant_auto']}")
     lines.append("all_gather / reduce_scatter / all_to_all bf16, graph us: iris vs nccl (eager in JSON)")
     for r in moves:
@@ -246,12 +310,14 @@ def main(argv=None) -> int:
     if gpu and args.max_bytes >= MiB and MiB not in sizes:
         sizes = sorted(sizes + [MiB])
     timer = Timer(ctx, gpu, args.samples if gpu else 1)
+    host = host_costs(ctx, timer, gpu)
+    tuning = sweep(ctx, timer, gpu)
     ar = all_reduce_rows(ctx, timer, sizes, gpu)
     moves = move_rows(ctx, timer, [s for s in sizes if s >= 4 * KiB or not gpu], gpu)
     if rank == 0:
         text = table(ar, moves)
         path = write_result("collectives", {"dtype": "bfloat16", "units": "microseconds per call, median",
-                                            "all_reduce": ar, "moves": moves,
+                                            "host_costs": host, "two_shot_sweep": tuning, "all_reduce": ar, "moves": moves,
                                             "env": {k: os.environ.get(k) for k in
                                                     ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
                                             "table": text.splitlines()}, args.out)

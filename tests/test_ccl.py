@@ -188,6 +188,10 @@ def test_collectives_host(world):
 
 
 # -- GPUs: a rank per GPU, large sizes, thousands of calls, CUDA graphs --------------------------------
+def _progress(ctx, what):
+    print(f"rank {ctx.rank}: {what}", flush=True)
+
+
 def rank_gpu(reps, replays):
     ctx = iris.iris(heap_size=3 << 30)
     r, w, dev = ctx.rank, ctx.world, ctx.device
@@ -196,14 +200,19 @@ def rank_gpu(reps, replays):
     for shape in ((1000,), (4097, 33), (3 << 20,)):
         for dtype in DTYPES:
             for cfg in configs:
-                for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN) if shape == (1000,) else (ReduceOp.SUM,):
-                    bad += check_all_reduce(ctx, shape, dtype, cfg, op)
+                bad += check_all_reduce(ctx, shape, dtype, cfg)
+    for dtype in (torch.float32, torch.int64):
+        for cfg in configs[:2]:
+            for op in (ReduceOp.MAX, ReduceOp.MIN):
+                bad += check_all_reduce(ctx, (1000,), dtype, cfg, op)
+    _progress(ctx, "all_reduce checked")
     for shape in ((3 << 20,), (999, 17)):
         for cfg in configs:
             bad += check_all_reduce(ctx, shape, torch.bfloat16, cfg, heap=True, rep=1)
     for rows in ((5, 7), (1000, 129), (4096, 1024)):
-        for dtype in DTYPES:
+        for dtype in (torch.bfloat16, torch.int32):
             bad += check_moves(ctx, rows, dtype)
+    _progress(ctx, "heap tensors and moves checked")
     # thousands back to back, every result checked on the device (no host sync between calls)
     for n, cfg in ((4096, configs[0]), (1 << 16, configs[1]), (5 << 20, None)):
         xs_all = [[_data((n,), torch.bfloat16, q, rep, dev) for q in range(w)] for rep in range(7)]
@@ -215,6 +224,7 @@ def rank_gpu(reps, replays):
             wrong += (out != wants[rep % 7]).any()
         if wrong.item():
             bad.append(("repeat", n, wrong.item()))
+    _progress(ctx, "repeats checked")
     # CUDA graph: captured once, replayed many times with new data copied into the captured input
     for n, cfg in ((8192, configs[0]), (1 << 20, configs[1]), (3 << 20, None)):
         x = torch.empty(n, dtype=torch.bfloat16, device=dev)

@@ -10,6 +10,8 @@ the device only and can be captured and replayed.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..errors import IrisError
@@ -69,6 +71,7 @@ class CCL:
     def __init__(self, ctx):
         self.ctx = ctx
         self.plans = {}
+        self._last_ar = None
         self._lo = ctx.heap.bases[ctx.rank]
         self._hi = self._lo + ctx.heap.size
         if ctx.device.type == "cuda":
@@ -95,12 +98,19 @@ class CCL:
         rank). Collective: all ranks, same order, same sizes."""
         if group is not None:
             self._check_group(group)
-        plan = self.plans.get(("ar", op, inp.shape, out.shape, inp.dtype, config))
-        if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
-            plan = workspace if isinstance(workspace, _Plan) else None
-            plan = plan or self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
-            self.plans[("ar", op, inp.shape, out.shape, inp.dtype, config)] = plan
-        self._check_layout(out, inp)
+        m = self._last_ar  # the previous call's tensors: the common loop repeats them (a cheaper check)
+        if (m is not None and m[0]() is inp and m[1]() is out and m[2] is op and m[3] is config
+                and m[4] == inp.data_ptr() and m[5] == out.data_ptr() and m[6] == inp.numel() == out.numel()):
+            plan = m[7]
+        else:
+            key = ("ar", op, inp.shape, out.shape, inp.dtype, config)
+            plan = self.plans.get(key)
+            if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
+                plan = workspace if isinstance(workspace, _Plan) else None
+                plan = self.plans[key] = plan or self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
+            self._check_layout(out, inp)
+            self._last_ar = (weakref.ref(inp), weakref.ref(out), op, config, inp.data_ptr(), out.data_ptr(),
+                             inp.numel(), plan)
         if plan.variant == "two_shot":
             plan(out, inp, (self._on_heap(inp), self._on_heap(out)))
         else:
@@ -145,7 +155,7 @@ class CCL:
             for t in plan.workspace:
                 if self.ctx.is_symmetric(t):
                     self.ctx.free(t)
-        self.plans = {}
+        self.plans, self._last_ar = {}, None
 
     # -- plans -------------------------------------------------------------
     def _run(self, mode, out, inp, group, config, want, op=ReduceOp.SUM, src=0):
