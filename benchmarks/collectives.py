@@ -245,6 +245,7 @@ def host_costs(ctx, timer, gpu):
     launchers = list(plan.launchers.values())
     out["direct_launch_used"] = all(lc.last is not None for lc in launchers) if gpu else False
     out["fallback"] = [lc.fallback for lc in launchers if lc.fallback]
+    out["why_not_ctypes"] = [lc.why_not_ctypes for lc in launchers if lc.why_not_ctypes]
     ctx.ccl.free()
     if ctx.rank == 0:
         print("host cost per call: " + ", ".join(f"{k}={v}" for k, v in out.items()), flush=True)
@@ -253,7 +254,7 @@ def host_costs(ctx, timer, gpu):
 
 def sweep(ctx, timer, gpu):
     """Two-shot kernel parameters at 16 and 64 MiB (heap tensors, graph): the data behind the defaults."""
-    if not gpu:
+    if not gpu or timer.max_bytes < 64 * MiB:
         return []
     rows = []
     for nbytes in (16 * MiB, 64 * MiB):
@@ -310,6 +311,7 @@ def main(argv=None) -> int:
     if gpu and args.max_bytes >= MiB and MiB not in sizes:
         sizes = sorted(sizes + [MiB])
     timer = Timer(ctx, gpu, args.samples if gpu else 1)
+    timer.max_bytes = args.max_bytes
     host = host_costs(ctx, timer, gpu)
     tuning = sweep(ctx, timer, gpu)
     ar = all_reduce_rows(ctx, timer, sizes, gpu)
