@@ -189,7 +189,8 @@ def test_collectives_host(world):
 
 # -- GPUs: a rank per GPU, large sizes, thousands of calls, CUDA graphs --------------------------------
 def _progress(ctx, what):
-    print(f"rank {ctx.rank}: {what}", flush=True)
+    import time
+    print(f"{time.strftime('%H:%M:%S')} rank {ctx.rank}: {what}", flush=True)
 
 
 def rank_gpu(reps, replays):
@@ -197,10 +198,11 @@ def rank_gpu(reps, replays):
     r, w, dev = ctx.rank, ctx.world, ctx.device
     bad = check_errors(ctx)
     configs = [Config(all_reduce_variant=v) for v in ("one_shot", "two_shot")] + [None]
-    for shape in ((1000,), (4097, 33), (3 << 20,)):
-        for dtype in DTYPES:
+    for shape, dtypes in (((1000,), DTYPES), ((4097, 33), DTYPES[:2]), ((3 << 20,), DTYPES[::2])):
+        for dtype in dtypes:
             for cfg in configs:
                 bad += check_all_reduce(ctx, shape, dtype, cfg)
+        _progress(ctx, f"all_reduce {shape} checked")
     for dtype in (torch.float32, torch.int64):
         for cfg in configs[:2]:
             for op in (ReduceOp.MAX, ReduceOp.MIN):
@@ -259,8 +261,8 @@ def rank_gpu(reps, replays):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_collectives_gpu(world):
-    if world > 2 * torch.cuda.device_count():
-        pytest.skip("needs more GPUs")
+    if world > torch.cuda.device_count():  # ranks sharing a GPU time-slice: spinning kernels crawl
+        pytest.skip(f"needs {world} GPUs (a rank per GPU)")
     out = iris.spawn(rank_gpu, world, args=(int(os.environ.get("IRIS_CCL_REPS", 3000)), 200))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of {world}: {bad[:10]}"

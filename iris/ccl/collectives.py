@@ -209,7 +209,7 @@ class CCL:
     def _plan_all_reduce(self, out, inp, op, config):
         self._check("all_reduce", out, inp, tuple(inp.shape))
         n, w = inp.numel(), self.ctx.world
-        limit = config.one_shot_max_bytes or (_MiB if w <= 2 else 256 * _KiB)
+        limit = config.one_shot_max_bytes or (4 * _MiB if w <= 2 else 256 * _KiB)
         variant = config.all_reduce_variant
         if variant == "auto":
             variant = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot"

@@ -21,8 +21,9 @@ class Config:
     block_size: elements each program moves per step (a power of two; default 16 KiB worth);
     num_warps: warps per program (default 8); comm_sms: most programs one launch uses (default the
     device's SM count, 4 on the host); all_reduce_variant: "auto", "one_shot" or "two_shot";
-    one_shot_max_bytes: the largest all_reduce that "auto" does in one shot (default 1 MiB on 2 ranks,
-    256 KiB on more).
+    one_shot_max_bytes: the largest all_reduce that "auto" does in one shot (default 4 MiB on 2 ranks,
+    where one-shot measured faster than two-shot up to 4 MiB on 2x H200; 256 KiB on more ranks, not
+    measured: one-shot reads world-1 full copies).
     """
     block_size: int = 0
     num_warps: int = 0
