@@ -245,7 +245,6 @@ def host_costs(ctx, timer, gpu):
     launchers = list(plan.launchers.values())
     out["direct_launch_used"] = all(lc.last is not None for lc in launchers) if gpu else False
     out["fallback"] = [lc.fallback for lc in launchers if lc.fallback]
-    out["why_not_ctypes"] = [lc.why_not_ctypes for lc in launchers if lc.why_not_ctypes]
     ctx.ccl.free()
     if ctx.rank == 0:
         print("host cost per call: " + ", ".join(f"{k}={v}" for k, v in out.items()), flush=True)
@@ -319,7 +318,8 @@ def main(argv=None) -> int:
     if rank == 0:
         text = table(ar, moves)
         path = write_result("collectives", {"dtype": "bfloat16", "units": "microseconds per call, median",
-                                            "host_costs": host, "two_shot_sweep": tuning, "all_reduce": ar, "moves": moves,
+                                            "host_costs": host, "two_shot_sweep": tuning, "all_reduce": ar,
+                                            "moves": moves,
                                             "env": {k: os.environ.get(k) for k in
                                                     ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
                                             "table": text.splitlines()}, args.out)

@@ -95,7 +95,8 @@ class CCL:
         gets bit-identical results. one_shot (each rank reads every peer's staged copy) up to
         Config.one_shot_max_bytes, two_shot above (reduce-scatter by pulling, all-gather by pushing;
         heap tensors for inp/out skip the staging, and must then be the same heap tensors on every
-        rank). Collective: all ranks, same order, same sizes."""
+        rank). workspace= is accepted for Iris compatibility: plans are found by shape, so
+        all_reduce_preamble's result need not be passed. Collective: all ranks, same order, same sizes."""
         if group is not None:
             self._check_group(group)
         m = self._last_ar  # the previous call's tensors: the common loop repeats them (a cheaper check)
@@ -106,8 +107,7 @@ class CCL:
             key = ("ar", op, inp.shape, out.shape, inp.dtype, config)
             plan = self.plans.get(key)
             if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
-                plan = workspace if isinstance(workspace, _Plan) else None
-                plan = self.plans[key] = plan or self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
+                plan = self.plans[key] = self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
             self._check_layout(out, inp)
             self._last_ar = (weakref.ref(inp), weakref.ref(out), op, config, inp.data_ptr(), out.data_ptr(),
                              inp.numel(), plan)
