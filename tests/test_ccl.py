@@ -116,6 +116,7 @@ def check_errors(ctx):
         (lambda: ctx.ccl.all_reduce(torch.ones(10, 2, device=dev).t(), torch.ones(2, 10, device=dev)),
          CollectiveError, "contiguous"),
         (lambda: ctx.ccl.broadcast(x, x, src=w), CollectiveError, "src"),
+        (lambda: ctx.ccl.all_gather(torch.ones(w, device=dev), torch.ones((), device=dev)), CollectiveError, "0-d"),
         (lambda: ctx.ccl.all_reduce(x, x, op="prod"), ValueError, "prod"),
         (lambda: Config(block_size=100), ValueError, "power of two"),
         (lambda: Config(all_reduce_variant="ring"), ValueError, "variant"),

@@ -182,7 +182,10 @@ class CCL:
                                       f"{', '.join(str(d) for d in DTYPES)}")
         if out.dtype != inp.dtype:
             raise CollectiveError(f"{call}: out is {out.dtype} but inp is {inp.dtype}; they must match")
-        if want is not None and tuple(out.shape) != tuple(want):
+        if want is None:
+            raise CollectiveError(f"{call}: inp must have at least one dimension (rows are exchanged); "
+                                  f"got a 0-d tensor, use inp.reshape(1)")
+        if tuple(out.shape) != tuple(want):
             raise CollectiveError(f"{call}: out has shape {tuple(out.shape)}, expected {tuple(want)} for inp of "
                                   f"shape {tuple(inp.shape)} on {self.ctx.world} ranks")
         if inp.numel() == 0:
