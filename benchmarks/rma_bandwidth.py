@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import command_line, timed  # noqa: E402
 
 import iris  # noqa: E402
+from iris.launch import Launcher  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -136,13 +137,19 @@ class Bench:
         self.sms = torch.cuda.get_device_properties(self.dev).multi_processor_count if self.gpu else 1
         small = dict(block=1024, num_warps=4, programs=4)  # for the interpreter; tune() picks the GPU's
         self.config = {"put": dict(small), "get": dict(small)}
+        self.launchers = {}
         self.log = print if self.rank == 0 else (lambda *a, **k: None)
 
     def launch(self, kind, src, dst, n, peer, cfg=None):
+        """One copy_kernel launch through iris.launch.Launcher (compiled once per grid and config, then
+        launched directly: the JIT's per-call cost would dominate small sizes)."""
         cfg = cfg or self.config[kind]
-        copy_kernel[grid_for(n, cfg["block"], cfg["programs"])](src, dst, n, self.rank, peer, self.hb,
-                                                                BLOCK=cfg["block"], MASKED=n % cfg["block"] != 0,
-                                                                PUT=kind == "put", num_warps=cfg["num_warps"])
+        grid = grid_for(n, cfg["block"], cfg["programs"])
+        key = (kind, grid, cfg["block"], cfg["num_warps"])
+        launcher = self.launchers.get(key)
+        if launcher is None:
+            launcher = self.launchers[key] = Launcher(copy_kernel, grid, num_warps=cfg["num_warps"])
+        launcher(src, dst, n, self.rank, peer, self.hb, cfg["block"], n % cfg["block"] != 0, kind == "put")
 
     def tune(self, src, dst):
         """Pick block, warps and programs for put and get at one large size (rank 0 to rank 1)."""
@@ -352,8 +359,9 @@ def main(argv=None) -> int:
                                                      "nccl": ".".join(map(str, torch.cuda.nccl.version()))
                                                      if b.gpu else None},
               "units": {"*_s": "seconds, median", "*_GBps": "1e9 bytes per second", "*_us": "microseconds"},
-              "notes": ["each repetition is one launch timed by its own CUDA events, so sizes below ~4 MiB are "
-                        "bound by the host's launch cost (Triton's launcher is slower than torch's copy_)",
+              "notes": ["each repetition is one launch timed by its own CUDA events, so small sizes include the "
+                        "host's launch cost; put/get launch through iris.launch.Launcher (the compiled kernel, "
+                        "directly, after the first call)",
                         "all_pairs counts world*(world-1) chunks; NCCL's all_to_all also copies each rank's own",
                         "eager latencies include a launch per call; *_graph_* ones replay a captured CUDA graph"]}
     if "p2p" not in skip:

@@ -449,6 +449,14 @@ class Iris:
         from .ops import OpsNamespace
         return OpsNamespace(self)
 
+    @property
+    def ccl(self):
+        """Collectives over the heap: ctx.ccl.all_reduce(out, inp), all_gather, ... (iris/ccl/)."""
+        if "_ccl" not in self.__dict__:
+            from .ccl import CCL
+            self._ccl = CCL(self)
+        return self._ccl
+
     # -- device barrier (iris/device/sync.py) -------------------------------
     def device_barrier(self, group=None) -> None:
         """Barrier of every rank that runs on the device, in stream order: no host round trip, and

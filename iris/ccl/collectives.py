@@ -1,0 +1,266 @@
+"""ctx.ccl: the collectives' host calls. Each call checks its tensors, finds (or, the first time, builds)
+the plan for its (collective, shapes, dtype, op, config) and launches one kernel.
+
+A plan holds the heap workspace (staging buffers and flags), this rank's epoch counters and a
+Launcher of the compiled kernel with its grid and argument tuple, so a repeated call costs a cache
+lookup and a direct launch. Building a plan allocates on the heap and ends with a barrier, so the
+FIRST call of a new (collective, shape, dtype, op, config) is collective on all ranks and must run
+outside CUDA graph capture (all_reduce_preamble builds one ahead of time). Later calls synchronise on
+the device only and can be captured and replayed.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..errors import IrisError
+from ..launch import Launcher
+from .config import Config, ReduceOp
+from .kernels import pull_kernel, two_shot_kernel
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+_DEFAULT = Config()
+_KiB, _MiB = 1 << 10, 1 << 20
+
+
+class CollectiveError(IrisError, ValueError):
+    """A collective was called with tensors it cannot take; nothing was allocated or launched."""
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(1, (x - 1).bit_length())
+
+
+def _up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class _Plan:
+    """One collective at one shape: its workspace, its argument tuple, and a Launcher per alignment of the
+    user's tensors (and, for two-shot, per heap residence of inp and out, which are constexprs)."""
+    __slots__ = ("fn", "grid", "args", "warps", "launchers", "workspace", "variant", "flag_at")
+
+    def __init__(self, fn, grid, args, num_warps, workspace, variant, flag_at=None):
+        self.fn, self.grid, self.args, self.warps = fn, grid, list(args), num_warps
+        self.launchers = {}
+        self.workspace, self.variant, self.flag_at = workspace, variant, flag_at
+
+    def __call__(self, out, inp, flags=()):
+        a = self.args
+        a[0], a[1] = inp, out
+        if flags:
+            a[self.flag_at], a[self.flag_at + 1] = flags
+        key = (inp.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0, flags)
+        launcher = self.launchers.get(key)
+        if launcher is None:
+            launcher = self.launchers[key] = Launcher(self.fn, self.grid, num_warps=self.warps)
+        if key[0]:
+            launcher.launch_trusted(a)
+        else:
+            launcher(*a)
+
+
+class CCL:
+    """Collectives over the heap, as ctx.ccl. Every call is collective: all ranks, same order, same
+    sizes; the first call of a new shape allocates its workspace on the heap (collectively) and must
+    not be inside CUDA graph capture. Tensors need not be heap tensors: inputs are staged through
+    the workspace. Calls are ordered on the current stream like any kernel; async_op is accepted for
+    Iris compatibility and changes nothing (nothing waits on the host)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.plans = {}
+        self._last_ar = None
+        self._lo = ctx.heap.bases[ctx.rank]
+        self._hi = self._lo + ctx.heap.size
+        if ctx.device.type == "cuda":
+            self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+        else:
+            self.sms = 4
+
+    # -- public calls ------------------------------------------------------
+    def all_reduce_preamble(self, out, inp, config=None, workspace=None, op=ReduceOp.SUM):
+        """Builds (collectively) what all_reduce(out, inp) needs, so the first real call can be captured
+        in a CUDA graph. Returns the plan; passing it back as workspace= is optional. Collective: all
+        ranks, same order, same sizes."""
+        key = ("ar", op, inp.shape, out.shape, inp.dtype, config)
+        if key not in self.plans:
+            self.plans[key] = self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
+        return self.plans[key]
+
+    def all_reduce(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
+        """out = inp reduced (sum, max or min) over all ranks; out may be inp. Shapes (M, N) or any,
+        equal; fp32, bf16, fp16, int32, int64. Floats accumulate in fp32 in rank order, so every rank
+        gets bit-identical results. one_shot (each rank reads every peer's staged copy) up to
+        Config.one_shot_max_bytes, two_shot above (reduce-scatter by pulling, all-gather by pushing;
+        heap tensors for inp/out skip the staging, and must then be the same heap tensors on every
+        rank). workspace= is accepted for Iris compatibility: plans are found by shape, so
+        all_reduce_preamble's result need not be passed. Collective: all ranks, same order, same sizes."""
+        if group is not None:
+            self._check_group(group)
+        m = self._last_ar  # the previous call's tensors: the common loop repeats them (a cheaper check)
+        if (m is not None and m[0]() is inp and m[1]() is out and m[2] is op and m[3] is config
+                and m[4] == inp.data_ptr() and m[5] == out.data_ptr() and m[6] == inp.numel() == out.numel()):
+            plan = m[7]
+        else:
+            key = ("ar", op, inp.shape, out.shape, inp.dtype, config)
+            plan = self.plans.get(key)
+            if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
+                plan = self.plans[key] = self._plan_all_reduce(out, inp, ReduceOp(op), config or _DEFAULT)
+            self._check_layout(out, inp)
+            self._last_ar = (weakref.ref(inp), weakref.ref(out), op, config, inp.data_ptr(), out.data_ptr(),
+                             inp.numel(), plan)
+        if plan.variant == "two_shot":
+            plan(out, inp, (self._on_heap(inp), self._on_heap(out)))
+        else:
+            plan(out, inp)
+
+    def all_gather(self, out, inp, group=None, async_op=False, config=None):
+        """out (world*M, N) = every rank's inp (M, N), rank r's at rows [r*M, (r+1)*M). Collective: all
+        ranks, same order, same sizes."""
+        self._run("ag", out, inp, group, config, (self.ctx.world * inp.shape[0],) + tuple(inp.shape[1:])
+                  if inp.dim() else None)
+
+    def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None):
+        """out (M, N) on rank r = rows [r*M, (r+1)*M) of inp (world*M, N) reduced over all ranks (torch's
+        reduce_scatter_tensor layout). Collective: all ranks, same order, same sizes."""
+        want = (inp.shape[0] // self.ctx.world,) + tuple(inp.shape[1:]) if inp.dim() else None
+        if inp.dim() and inp.shape[0] % self.ctx.world:
+            raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
+                                  f"the {self.ctx.world} ranks; pad it to {_up(inp.shape[0], self.ctx.world)}")
+        self._run("rs", out, inp, group, config, want, ReduceOp(op))
+
+    def all_to_all(self, out, inp, group=None, async_op=False, config=None):
+        """inp and out (M, N*world): columns [r*N, (r+1)*N) of inp go to rank r, and out's columns
+        [r*N, (r+1)*N) come from rank r. Collective: all ranks, same order, same sizes."""
+        if inp.dim() != 2 or inp.shape[1] % self.ctx.world:
+            raise CollectiveError(f"all_to_all: inp must be 2-D (M, N*world) with N*world a multiple of "
+                                  f"{self.ctx.world}; got shape {tuple(inp.shape)}")
+        self._run("a2a", out, inp, group, config, tuple(inp.shape))
+
+    def broadcast(self, out, inp, src=0, group=None, async_op=False, config=None):
+        """out = rank src's inp on every rank (inp is read on src only; out may be inp). Collective: all
+        ranks, same order, same sizes."""
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
+            raise CollectiveError(f"broadcast: src must be a rank in [0, {self.ctx.world}), got {src!r}")
+        self._run("bc", out, inp, group, config, tuple(inp.shape), src=src)
+
+    def free(self) -> None:
+        """Gives every workspace back to the heap (the next call of each shape builds it again).
+        Collective: all ranks, at the same point of their calls."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        for plan in {id(p): p for p in self.plans.values()}.values():
+            for t in plan.workspace:
+                if self.ctx.is_symmetric(t):
+                    self.ctx.free(t)
+        self.plans, self._last_ar = {}, None
+
+    # -- plans -------------------------------------------------------------
+    def _run(self, mode, out, inp, group, config, want, op=ReduceOp.SUM, src=0):
+        if group is not None:
+            self._check_group(group)
+        key = (mode, op, inp.shape, out.shape, inp.dtype, config, src)
+        plan = self.plans.get(key)
+        if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
+            self._check(mode, out, inp, want)
+            plan = self.plans[key] = self._plan_pull(mode, out, inp, op, config or _DEFAULT, src)
+        self._check_layout(out, inp)
+        plan(out, inp)
+
+    def _check(self, call, out, inp, want) -> None:
+        """Every argument error, raised before anything is allocated."""
+        for name, t in (("out", out), ("inp", inp)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{call}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.device != self.ctx.device:
+                raise CollectiveError(f"{call}: {name} is on {t.device} but this rank's heap is on "
+                                      f"{self.ctx.device}; move it there first")
+            if t.dtype not in DTYPES:
+                raise CollectiveError(f"{call}: dtype {t.dtype} is not supported; use one of "
+                                      f"{', '.join(str(d) for d in DTYPES)}")
+        if out.dtype != inp.dtype:
+            raise CollectiveError(f"{call}: out is {out.dtype} but inp is {inp.dtype}; they must match")
+        if want is None:
+            raise CollectiveError(f"{call}: inp must have at least one dimension (rows are exchanged); "
+                                  f"got a 0-d tensor, use inp.reshape(1)")
+        if tuple(out.shape) != tuple(want):
+            raise CollectiveError(f"{call}: out has shape {tuple(out.shape)}, expected {tuple(want)} for inp of "
+                                  f"shape {tuple(inp.shape)} on {self.ctx.world} ranks")
+        if inp.numel() == 0:
+            raise CollectiveError(f"{call}: inp has no elements; there is nothing to exchange")
+        self._check_layout(out, inp)
+
+    @staticmethod
+    def _check_layout(out, inp) -> None:
+        if not (out.is_contiguous() and inp.is_contiguous()):
+            raise CollectiveError("collectives need contiguous out and inp; call .contiguous() first")
+
+    def _check_group(self, group) -> None:
+        import torch.distributed as dist
+        ranks = dist.get_process_group_ranks(group)
+        if ranks != list(range(self.ctx.world)):
+            raise NotImplementedError(
+                f"group= of ranks {ranks}: collectives over a subset of the heap's {self.ctx.world} ranks are not "
+                "supported (a workspace must be allocated collectively by every rank of the heap); create an iris "
+                "context over just that group's ranks, or pass group=None")
+
+    def _on_heap(self, t) -> bool:
+        return self._lo <= t.data_ptr() < self._hi
+
+    def _plan_all_reduce(self, out, inp, op, config):
+        self._check("all_reduce", out, inp, tuple(inp.shape))
+        n, w = inp.numel(), self.ctx.world
+        limit = config.one_shot_max_bytes or (4 * _MiB if w <= 2 else 256 * _KiB)
+        variant = config.all_reduce_variant
+        if variant == "auto":
+            variant = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot"
+        if variant == "one_shot":
+            return self._plan_pull("ar", out, inp, op, config)
+        self._ready()
+        block, warps = self._block(config, inp), config.num_warps or 8
+        chunk = _up(-(-n // w), 16)
+        programs = max(1, min(config.comm_sms or self.sms, -(-chunk // block)))
+        per = _up(-(-chunk // programs), block)
+        programs = -(-chunk // per)
+        ctx = self.ctx
+        stage = ctx.empty(w * chunk, dtype=inp.dtype)
+        gather = ctx.empty(w * chunk, dtype=inp.dtype)
+        flags = ctx.zeros(2 * programs * w, dtype=torch.int64)
+        counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+        ctx.barrier()  # every rank's flags are zero before any rank signals into them
+        args = (inp, out, stage, gather, flags, counters, ctx.get_heap_bases(), n, chunk, per, ctx.rank,
+                w, _pow2(w), op.value, inp.dtype.is_floating_point, False, False, block)
+        return _Plan(two_shot_kernel, (programs,), args, warps, (stage, gather, flags, counters), "two_shot", 15)
+
+    def _plan_pull(self, mode, out, inp, op, config, src=0):
+        self._ready()
+        ctx, w = self.ctx, self.ctx.world
+        n = out.numel() if mode == "rs" else inp.numel() // w if mode == "a2a" else inp.numel()
+        chunks = w if mode in ("rs", "a2a") else 1
+        block, warps = self._block(config, inp), config.num_warps or 8
+        cs = _up(n, 16)
+        programs = max(1, min(config.comm_sms or self.sms, -(-n // block)))
+        per = _up(-(-n // programs), block)
+        programs = -(-n // per)
+        stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
+        flags = ctx.zeros(programs * w, dtype=torch.int64)
+        counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+        ctx.barrier()  # every rank's flags are zero before any rank signals into them
+        cols = inp.shape[1] // w if mode == "a2a" else 1
+        args = (inp, out, stage, flags, counters, ctx.get_heap_bases(), n, cs, per, chunks * cs, cols, ctx.rank, src,
+                w, _pow2(w), mode, op.value, inp.dtype.is_floating_point, block)
+        return _Plan(pull_kernel, (programs,), args, warps, (stage, flags, counters), "one_shot")
+
+    def _block(self, config, inp) -> int:
+        return config.block_size or max(16, (16 * _KiB) // inp.element_size())
+
+    def _ready(self) -> None:
+        if self.ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise CollectiveError("the first call of a collective at a new shape allocates its workspace "
+                                  "collectively and cannot be captured; call it once (or all_reduce_preamble) "
+                                  "before capturing the graph")
+
+
+__all__ = ["CCL", "CollectiveError", "Config", "ReduceOp"]

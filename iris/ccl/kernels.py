@@ -1,0 +1,172 @@
+"""Triton kernels of the collectives: one pull kernel (stage, one flag exchange, read the peers) for
+all_reduce one-shot, all_gather, reduce_scatter, all_to_all and broadcast; a two-shot all_reduce.
+
+Synchronisation never leaves the device. Each program p of a launch owns a row of flags on every
+rank and an epoch counter in this rank's memory; it increments its counter (so CUDA graph replays
+advance it too), writes the new epoch into row p, slot `rank`, of every peer's flags with release at
+sys scope, and spins with acquire until its own row holds that epoch from every peer. Flags only
+grow, so nothing is ever reset. Program p of one rank waits only for program p of the others (every
+rank splits the work the same way), never for a program of its own launch, so the interpreter, which
+runs programs one after another, works too.
+"""
+import triton
+import triton.language as tl
+
+from ..device.translate import _translate
+
+
+@triton.jit
+def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr):
+    """Writes epoch into slot `rank` of `row` on every peer (release, sys), then waits until every peer's
+    slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
+    PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags."""
+    tl.debug_barrier()
+    peers = tl.arange(0, PEERS)
+    live = (peers < WORLD) & (peers != rank)
+    slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
+    tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
+    pending = 1
+    while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
+        seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
+        pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _a2a_index(o, c, cols, WORLD: tl.constexpr):
+    """Where element o of column chunk c sits in a row-major (M, cols * WORLD) tensor."""
+    m = o // cols
+    return m * (cols * WORLD) + c * cols + (o - m * cols)
+
+
+@triton.jit
+def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity_stride, cols, rank, src,
+                WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
+                IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr):
+    """Stage this rank's input in the heap, exchange one flag per peer, then build out from the peers'
+    staged copies. MODE: "ar" all_reduce, "ag" all_gather, "bc" broadcast from src, "rs"
+    reduce_scatter, "a2a" all_to_all. n: elements per chunk; stage holds two copies (by epoch parity,
+    parity_stride apart) of CHUNKS chunks cs apart (1 chunk, or WORLD for rs and a2a); per: elements
+    of each chunk per program (a multiple of BLOCK); cols: columns per rank for a2a.
+    Double buffering by parity makes one exchange enough: a rank rewrites a stage copy only after
+    every peer has entered the next call, so after it finished reading that copy.
+    Peer pointers are computed inline (not through translate): the interpreter pays for every nested
+    jit call, and these sit in the inner loops."""
+    CHUNKS: tl.constexpr = WORLD if (MODE == "rs" or MODE == "a2a") else 1
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    e = tl.load(counters + pid) + 1  # this program's epoch, kept on the device for graph replays
+    tl.store(counters + pid, e)
+    buf = stage + (e % 2) * parity_stride
+    mine = tl.load(heap_bases + rank)
+    lo = pid * per
+    hi = tl.minimum(lo + per, n)
+    ar = tl.arange(0, BLOCK)
+    if MODE != "bc" or rank == src:
+        for c in tl.static_range(CHUNKS):
+            for s in range(lo, hi, BLOCK):
+                o = s + ar
+                mask = o < n
+                if MODE == "a2a":
+                    x = tl.load(inp + _a2a_index(o, c, cols, WORLD), mask=mask)
+                else:
+                    x = tl.load(inp + c * n + o, mask=mask)
+                tl.store(buf + c * cs + o, x, mask=mask)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    if MODE == "ar" or MODE == "rs":
+        at = buf if MODE == "ar" else buf + rank * cs
+        for s in range(lo, hi, BLOCK):
+            o = s + ar
+            mask = o < n
+            acc = tl.load(at + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
+            if IS_FLOAT:
+                acc = acc.to(tl.float32)
+            for q in tl.static_range(1, WORLD):  # the same order on every rank: identical results
+                x = tl.load(at + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+                if IS_FLOAT:
+                    x = x.to(tl.float32)
+                if OP == "max":
+                    acc = tl.maximum(acc, x)
+                elif OP == "min":
+                    acc = tl.minimum(acc, x)
+                else:
+                    acc = acc + x
+            tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
+    else:
+        for q in tl.static_range(WORLD):
+            if MODE != "bc" or q == src:
+                peer = buf + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                for s in range(lo, hi, BLOCK):
+                    o = s + ar
+                    mask = o < n
+                    if MODE == "ag":
+                        tl.store(out + q * n + o, tl.load(peer + o, mask=mask), mask=mask)
+                    elif MODE == "a2a":
+                        x = tl.load(peer + rank * cs + o, mask=mask)
+                        tl.store(out + _a2a_index(o, q, cols, WORLD), x, mask=mask)
+                    else:
+                        tl.store(out + o, tl.load(peer + o, mask=mask), mask=mask)
+
+
+@triton.jit
+def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, per, rank,
+                    WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
+                    IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr):
+    """all_reduce in two shots: rank r reduces chunk r by pulling it from every peer, then pushes the
+    result into every peer. n elements in WORLD chunks of `chunk` (a multiple of 16); per: elements of
+    each chunk per program (a multiple of BLOCK). IN_HEAP: peers read inp itself (the same heap tensor
+    on every rank), else a staged copy; OUT_HEAP: the result goes straight into the peers' out, else
+    into their `gather` buffer, copied to out after the second exchange. Two exchanges per call (ready,
+    done) make single buffers safe: a rank writes into a peer only after that peer entered this call,
+    and leaves only after every peer finished reading it."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    e = tl.load(counters + pid) + 1
+    tl.store(counters + pid, e)
+    mine = tl.load(heap_bases + rank)
+    lo = pid * per
+    hi = tl.minimum(lo + per, chunk)
+    ar = tl.arange(0, BLOCK)
+    if IN_HEAP:
+        src = inp
+    else:
+        src = stage
+        for c in tl.static_range(WORLD):
+            for s in range(lo, hi, BLOCK):
+                o = c * chunk + s + ar
+                mask = o < n
+                tl.store(stage + o, tl.load(inp + o, mask=mask), mask=mask)
+    if OUT_HEAP:
+        dst = out
+    else:
+        dst = gather
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    for s in range(lo, hi, BLOCK):
+        o = rank * chunk + s + ar
+        mask = o < n
+        acc = tl.load(src + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
+        if IS_FLOAT:
+            acc = acc.to(tl.float32)
+        for q in tl.static_range(1, WORLD):
+            x = tl.load(src + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+            if IS_FLOAT:
+                x = x.to(tl.float32)
+            if OP == "max":
+                acc = tl.maximum(acc, x)
+            elif OP == "min":
+                acc = tl.minimum(acc, x)
+            else:
+                acc = acc + x
+        r = acc.to(out.dtype.element_ty)
+        tl.store(out + o, r, mask=mask)
+        for q in tl.static_range(WORLD):
+            if q != rank:
+                tl.store(dst + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, r, mask=mask)
+    _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    if not OUT_HEAP:
+        for c in tl.static_range(WORLD):
+            if c != rank:
+                for s in range(lo, hi, BLOCK):
+                    o = c * chunk + s + ar
+                    mask = o < n
+                    tl.store(out + o, tl.load(gather + o, mask=mask), mask=mask)

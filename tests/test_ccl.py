@@ -1,0 +1,269 @@
+"""Collectives (ctx.ccl) against torch references: real ranks on the host driver (kernels in the
+interpreter) and on GPUs. Outputs are poisoned before every call and checked element by element."""
+import os
+
+import pytest
+import torch
+
+import iris
+from iris.ccl import CollectiveError, Config, ReduceOp
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
+POISON = -77
+
+
+def _data(shape, dtype, rank, rep, device):
+    """Rank `rank`'s input of repetition `rep`: the same on every process, different per rank and rep."""
+    g = torch.Generator().manual_seed(1000 * rep + rank)
+    if dtype.is_floating_point:
+        x = torch.randn(shape, generator=g).to(dtype)
+    else:
+        x = torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
+    return x.to(device)
+
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _reduce(xs, op):
+    """The kernels' order: rank 0 first, floats in fp32, then back to the dtype (the Triton interpreter
+    rounds fp32 to bf16 by truncation, the GPU to nearest even: the reference does the same)."""
+    acc = xs[0].float() if xs[0].dtype.is_floating_point else xs[0].clone()
+    for x in xs[1:]:
+        x = x.float() if x.dtype.is_floating_point else x
+        acc = acc + x if op == ReduceOp.SUM else torch.maximum(acc, x) if op == ReduceOp.MAX else torch.minimum(acc, x)
+    if xs[0].dtype == torch.bfloat16 and INTERPRETED:
+        acc = (acc.view(torch.int32) & -65536).view(torch.float32)
+    return acc.to(xs[0].dtype)
+
+
+def _poisoned(shape, dtype, device):
+    return torch.full(shape, POISON, dtype=dtype, device=device)
+
+
+def _same(got, want):
+    return got.shape == want.shape and bool(torch.equal(got, want))
+
+
+def check_all_reduce(ctx, shape, dtype, cfg, op=ReduceOp.SUM, rep=0, heap=False):
+    """all_reduce out of place, then in place; returns failures."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    tag = ("all_reduce", tuple(shape), str(dtype), cfg and cfg.all_reduce_variant, op.value, "heap" * heap)
+    xs = [_data(shape, dtype, q, rep, dev) for q in range(w)]
+    want = _reduce(xs, op)
+    own = (lambda t: ctx.empty(t.shape, dtype=t.dtype).copy_(t)) if heap else torch.clone
+    out, x = own(_poisoned(shape, dtype, dev)), own(xs[r])
+    ctx.ccl.all_reduce(out, x, op=op, config=cfg)
+    bad = [] if _same(out, want) and _same(x, xs[r]) else [tag]
+    ctx.ccl.all_reduce(x, x, op=op, config=cfg)
+    return bad + ([] if _same(x, want) else [tag + ("in place",)])
+
+
+def check_moves(ctx, rows, dtype, cfg=None, rep=0):
+    """all_gather, reduce_scatter, all_to_all and broadcast (in place) of (rows...) blocks; returns failures."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    tag, bad = (tuple(rows), str(dtype)), []
+    xs = [_data(rows, dtype, q, rep, dev) for q in range(w)]
+    out = _poisoned((w * rows[0],) + tuple(rows[1:]), dtype, dev)
+    ctx.ccl.all_gather(out, xs[r], config=cfg)
+    bad += [] if _same(out, torch.cat(xs)) else [("all_gather",) + tag]
+    xs = [_data((w * rows[0],) + tuple(rows[1:]), dtype, q, rep + 1, dev) for q in range(w)]
+    out = _poisoned(rows, dtype, dev)
+    ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
+    bad += [] if _same(out, _reduce(xs, ReduceOp.SUM)[r * rows[0]:(r + 1) * rows[0]]) else [("reduce_scatter",) + tag]
+    m, ncol = rows[0], rows[1]
+    xs = [_data((m, ncol * w), dtype, q, rep + 2, dev) for q in range(w)]
+    out = _poisoned((m, ncol * w), dtype, dev)
+    ctx.ccl.all_to_all(out, xs[r], config=cfg)
+    want = torch.cat([xs[q][:, r * ncol:(r + 1) * ncol] for q in range(w)], 1)
+    bad += [] if _same(out, want) else [("all_to_all",) + tag]
+    src = (rep + 1) % w
+    xs = [_data(rows, dtype, q, rep + 3, dev) for q in range(w)]
+    x = xs[r].clone()
+    ctx.ccl.broadcast(x, x, src=src, config=cfg)
+    bad += [] if _same(x, xs[src]) else [("broadcast", src) + tag]
+    return bad
+
+
+def check_repeats(ctx, n, cfg, reps, dtype=torch.float32):
+    """Back to back calls with new data each time and poisoned outputs; the workspace is reused."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    bad = []
+    for rep in range(reps):
+        xs = [_data((n,), dtype, q, rep, dev) for q in range(w)]
+        out = _poisoned((n,), dtype, dev)
+        ctx.ccl.all_reduce(out, xs[r], config=cfg)
+        if not _same(out, _reduce(xs, ReduceOp.SUM)):
+            bad.append(("repeat", cfg and cfg.all_reduce_variant, rep))
+    return bad
+
+
+def check_errors(ctx):
+    """Bad arguments raise before anything is allocated: the heap's live blocks stay as they were."""
+    live = set(ctx.heap.alloc.offsets.live)
+    dev, w = ctx.device, ctx.world
+    x = torch.ones(10, device=dev)
+    cases = [
+        (lambda: ctx.ccl.all_reduce(torch.ones(11, device=dev), x), CollectiveError, "shape"),
+        (lambda: ctx.ccl.all_reduce(torch.ones(10, dtype=torch.float64, device=dev),
+                                    torch.ones(10, dtype=torch.float64, device=dev)), CollectiveError, "not supported"),
+        (lambda: ctx.ccl.all_reduce(torch.ones(10, dtype=torch.int32, device=dev), x), CollectiveError, "must match"),
+        (lambda: ctx.ccl.all_gather(torch.ones(10, device=dev), x), CollectiveError, "expected"),
+        (lambda: ctx.ccl.reduce_scatter(torch.ones(1, device=dev), torch.ones(w * 2 + 1, device=dev)),
+         CollectiveError, "multiple"),
+        (lambda: ctx.ccl.all_to_all(torch.ones(4, w + 1, device=dev), torch.ones(4, w + 1, device=dev)),
+         CollectiveError, "N*world"),
+        (lambda: ctx.ccl.all_reduce(torch.ones(10, 2, device=dev).t(), torch.ones(2, 10, device=dev)),
+         CollectiveError, "contiguous"),
+        (lambda: ctx.ccl.broadcast(x, x, src=w), CollectiveError, "src"),
+        (lambda: ctx.ccl.all_gather(torch.ones(w, device=dev), torch.ones((), device=dev)), CollectiveError, "0-d"),
+        (lambda: ctx.ccl.all_reduce(x, x, op="prod"), ValueError, "prod"),
+        (lambda: Config(block_size=100), ValueError, "power of two"),
+        (lambda: Config(all_reduce_variant="ring"), ValueError, "variant"),
+    ]
+    other = "cpu" if dev.type == "cuda" else "meta"
+    cases.append((lambda: ctx.ccl.all_reduce(x, torch.ones(10, device=other)), CollectiveError, f"is on {other}"))
+    bad = []
+    for i, (call, kind, words) in enumerate(cases):
+        try:
+            call()
+            bad.append((i, "no error"))
+        except kind as e:
+            if words not in str(e):
+                bad.append((i, str(e)))
+    if set(ctx.heap.alloc.offsets.live) != live:
+        bad.append("the heap changed")
+    return bad
+
+
+def rank_host(dtypes, reps):
+    ctx = iris.iris(heap_size=1 << 24)
+    # small blocks: several programs, each with several steps, and a partial last block
+    one, two = (Config(block_size=16, comm_sms=3, all_reduce_variant=v) for v in ("one_shot", "two_shot"))
+    bad = check_errors(ctx)
+    for dtype in dtypes:
+        for cfg in (one, two):
+            bad += check_all_reduce(ctx, (37,), dtype, cfg)
+    for dtype, op in ((torch.float32, ReduceOp.MAX), (torch.int32, ReduceOp.MIN)):
+        bad += check_all_reduce(ctx, (5, 13), dtype, one, op)
+    bad += check_all_reduce(ctx, (5, 13), torch.bfloat16, two, ReduceOp.MAX)
+    bad += check_all_reduce(ctx, (5, 13), torch.bfloat16, two, heap=True)
+    for dtype in dtypes[1::2]:
+        bad += check_moves(ctx, (5, 7), dtype, one)
+    single = Config(block_size=16, comm_sms=1)
+    bad += check_repeats(ctx, 45, single, reps)
+    bad += check_repeats(ctx, 45, Config(block_size=16, comm_sms=1, all_reduce_variant="two_shot"), reps // 3)
+    bad += check_group(ctx)
+    ctx.close()
+    return bad
+
+
+def check_group(ctx):
+    """group=: every rank in order works; a subset is refused with NotImplementedError naming the fix."""
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + sum(map(ord, os.environ.get("IRIS_SOCKET_DIR", ""))) % 20000))
+    dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world)
+    everyone, first = dist.new_group(list(range(ctx.world))), dist.new_group([0])
+    bad = []
+    x = torch.full((5,), ctx.rank + 1.0)
+    ctx.ccl.all_reduce(x, x, group=everyone)
+    if not _same(x, torch.full((5,), ctx.world * (ctx.world + 1) / 2)):
+        bad.append(("group of all", x.tolist()))
+    try:
+        ctx.ccl.all_reduce(x, x, group=first)
+        bad.append("a subset group was accepted")
+    except NotImplementedError as e:
+        if "iris context over just that group" not in str(e):
+            bad.append(str(e))
+    dist.destroy_process_group()
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_collectives_host(world):
+    dtypes, reps = (DTYPES, 120) if world == 2 else ([torch.float32, torch.bfloat16], 12)
+    out = iris.spawn(rank_host, world, args=(dtypes, reps))
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of {world}: {bad[:10]}"
+
+
+# -- GPUs: a rank per GPU, large sizes, thousands of calls, CUDA graphs --------------------------------
+def _progress(ctx, what):
+    import time
+    print(f"{time.strftime('%H:%M:%S')} rank {ctx.rank}: {what}", flush=True)
+
+
+def rank_gpu(reps, replays):
+    ctx = iris.iris(heap_size=3 << 30)
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    bad = check_errors(ctx)
+    configs = [Config(all_reduce_variant=v) for v in ("one_shot", "two_shot")] + [None]
+    for shape, dtypes in (((1000,), DTYPES), ((4097, 33), DTYPES[:2]), ((3 << 20,), DTYPES[::2])):
+        for dtype in dtypes:
+            for cfg in configs:
+                bad += check_all_reduce(ctx, shape, dtype, cfg)
+        _progress(ctx, f"all_reduce {shape} checked")
+    for dtype in (torch.float32, torch.int64):
+        for cfg in configs[:2]:
+            for op in (ReduceOp.MAX, ReduceOp.MIN):
+                bad += check_all_reduce(ctx, (1000,), dtype, cfg, op)
+    _progress(ctx, "all_reduce checked")
+    for shape in ((3 << 20,), (999, 17)):
+        for cfg in configs:
+            bad += check_all_reduce(ctx, shape, torch.bfloat16, cfg, heap=True, rep=1)
+    for rows in ((5, 7), (1000, 129), (4096, 1024)):
+        for dtype in (torch.bfloat16, torch.int32):
+            bad += check_moves(ctx, rows, dtype)
+    _progress(ctx, "heap tensors and moves checked")
+    # thousands back to back, every result checked on the device (no host sync between calls)
+    for n, cfg in ((4096, configs[0]), (1 << 16, configs[1]), (5 << 20, None)):
+        xs_all = [[_data((n,), torch.bfloat16, q, rep, dev) for q in range(w)] for rep in range(7)]
+        wants = [_reduce(xs, ReduceOp.SUM) for xs in xs_all]
+        out, wrong = torch.empty(n, dtype=torch.bfloat16, device=dev), torch.zeros((), dtype=torch.int32, device=dev)
+        for rep in range(reps):
+            out.fill_(POISON)
+            ctx.ccl.all_reduce(out, xs_all[rep % 7][r], config=cfg)
+            wrong += (out != wants[rep % 7]).any()
+        if wrong.item():
+            bad.append(("repeat", n, wrong.item()))
+    _progress(ctx, "repeats checked")
+    # CUDA graph: captured once, replayed many times with new data copied into the captured input
+    for n, cfg in ((8192, configs[0]), (1 << 20, configs[1]), (3 << 20, None)):
+        x = torch.empty(n, dtype=torch.bfloat16, device=dev)
+        out = torch.empty_like(x)
+        ctx.ccl.all_reduce_preamble(out, x, config=cfg)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ctx.ccl.all_reduce(out, x, config=cfg)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(4):
+                ctx.ccl.all_reduce(out, x, config=cfg)
+                x.copy_(out)
+        wrong = 0
+        for rep in range(replays):
+            xs = [_data((n,), torch.bfloat16, q, rep % 5, dev) for q in range(w)]
+            x.copy_(xs[r])
+            out.fill_(POISON)
+            g.replay()
+            want = xs
+            for _ in range(4):
+                want = [_reduce(want, ReduceOp.SUM)] * w
+            wrong += not _same(x, want[0])
+        if wrong:
+            bad.append(("graph", n, wrong))
+    ctx.close()
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_gpu(world):
+    if world > torch.cuda.device_count():  # ranks sharing a GPU time-slice: spinning kernels crawl
+        pytest.skip(f"needs {world} GPUs (a rank per GPU)")
+    out = iris.spawn(rank_gpu, world, args=(int(os.environ.get("IRIS_CCL_REPS", 3000)), 200))
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of {world}: {bad[:10]}"
