@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import DriverError, HeapOutOfMemory
 from .offsets import Offsets, round_up
@@ -47,8 +47,9 @@ class VMemAllocator:
         """Every backed segment, in address order."""
         return [self._segs[o] for o in self._seg_starts]
 
-    def allocate(self, nbytes: int, align: int) -> Tuple[int, List[Segment]]:
-        """The offset, and the segments created for it (the heap shares those with peers)."""
+    def allocate(self, nbytes: int, align: int, may_grow: bool = True) -> Tuple[Optional[int], List[Segment]]:
+        """The offset, and the segments created for it (the heap shares those with peers); (None, [])
+        when the request would need new segments and may_grow is False."""
         offset = self.offsets.allocate(nbytes, align)
         if offset is None:
             raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.size,
@@ -56,8 +57,12 @@ class VMemAllocator:
                                   "Free tensors with ctx.free(), or create the heap with a larger heap_size "
                                   "(a vmem heap may exceed device memory).")
         new: List[Segment] = []
+        holes = self._holes(offset, offset + nbytes)
+        if holes and not may_grow:
+            self.offsets.free(offset)
+            return None, new
         try:
-            for lo, hi in self._holes(offset, offset + nbytes):
+            for lo, hi in holes:
                 new.append(self._map_new(lo, hi - lo))
         except DriverError as e:
             self.undo(offset, new)
