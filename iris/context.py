@@ -111,8 +111,7 @@ class Iris:
         order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
         freeing a block twice raises. Tensors that are simply dropped are freed at the next
         collective point instead (see collect)."""
-        block = self.heap.block_of(t)
-        offset = self.heap.offset_of(t)
+        block, offset = self.heap.block_of(t)
         nbytes = t.numel() * t.element_size()
         if offset != block.offset or nbytes != block.nbytes:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "

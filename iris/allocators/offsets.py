@@ -2,8 +2,8 @@
 
 Best fit, lowest address first among blocks of the same length: deterministic (the same calls give
 the same offsets on every rank), and a request takes the low end of its block, so a fresh heap
-fills from the bottom and high chunks stay free for trim. Free blocks are indexed twice, by
-(length, start) and by start, in SortedInts, and their ends in a dict: a request and a free cost a
+fills from the bottom and high chunks stay free for trim. Free blocks are indexed by
+(length, start) in SortedInts, and by start and by end in dicts: a request and a free cost a
 few bisections whatever the heap's state, and neighbours coalesce on free in O(1) lookups.
 """
 from __future__ import annotations
@@ -29,7 +29,6 @@ class Offsets:
         self._length: Dict[int, int] = {}         # free block start -> length
         self._start_of_end: Dict[int, int] = {}   # free block end -> start
         self._by_size = SortedInts()
-        self._by_start = SortedInts()
         self.live: Dict[int, int] = {}            # offset -> size of every allocated block
         self.free_bytes = capacity
         self._add(0, capacity)
@@ -63,13 +62,16 @@ class Offsets:
         return at
 
     def _allocate_top(self, size: int, align: int) -> Optional[int]:
-        for start in self._by_start.descending():
-            length = self._length[start]
+        """Rare (imports): a scan of the blocks long enough."""
+        best = None
+        for start, length in self.free_at_least(size):
             at = (start + length - size) & -align
-            if at >= start:
-                self._take(start, length, at, size)
-                return at
-        return None
+            if at >= start and (best is None or start > best[0]):
+                best = start, length, at
+        if best is None:
+            return None
+        self._take(best[0], best[1], best[2], size)
+        return best[2]
 
     def _take(self, start: int, length: int, at: int, size: int) -> None:
         self._remove(start, length)
@@ -98,11 +100,6 @@ class Offsets:
         self.free_bytes += size
         return size
 
-    def is_free(self, start: int, end: int) -> bool:
-        """Whether [start, end) lies inside one free block."""
-        s = self._by_start.floor(start)
-        return s is not None and s + self._length[s] >= end
-
     def free_at_least(self, length: int) -> Iterator[Tuple[int, int]]:
         """(start, length) of every free block of at least length bytes."""
         for key in self._by_size.irange(length << self._shift):
@@ -110,15 +107,13 @@ class Offsets:
 
     def free_blocks(self) -> List[Tuple[int, int]]:
         """(start, length) of every free block, in address order."""
-        return [(s, self._length[s]) for s in self._by_start]
+        return sorted(self._length.items())
 
     def _add(self, start: int, length: int) -> None:
         self._length[start] = length
         self._start_of_end[start + length] = start
         self._by_size.add(length << self._shift | start)
-        self._by_start.add(start)
 
     def _remove(self, start: int, length: int) -> None:
         del self._length[start], self._start_of_end[start + length]
         self._by_size.remove(length << self._shift | start)
-        self._by_start.remove(start)

@@ -53,9 +53,9 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         growth is a driver call and an exchange with peers, which capture forbids."""
         if self.closed:
             raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
-        call = f"allocate({nbytes}, align={align})"
+        call = ("allocate", nbytes, align)
         if self.symmetry.mode == "full":
-            self.check_symmetry(call)
+            self.check_symmetry(f"allocate({nbytes}, {align})")
         size = (max(nbytes, 1) + align - 1) & -align
         may_grow = not (self._capturable and torch.cuda.is_current_stream_capturing())
         try:
@@ -68,7 +68,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                 raise
             offset, new = self.alloc.allocate(size, align, may_grow)
         if offset is None:
-            raise CaptureError(f"{call} needs the heap to grow, which cannot happen during CUDA graph capture "
+            raise CaptureError(f"allocate({nbytes} bytes) needs the heap to grow, which cannot happen during CUDA graph capture "
                                f"(it maps new memory and exchanges it with peers). Allocate this tensor before "
                                f"capture, or reserve room beforehand: allocate and free one tensor as large as "
                                f"what you allocate during capture, before capturing.")
@@ -88,7 +88,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
 
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse. Collective: all ranks, same order."""
-        call = f"free(offset={offset})"
+        call = ("free", offset)
         block = self._at.get(offset)
         if block is not None:
             self._forget(block)
@@ -154,19 +154,19 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         block = self._import_blocks[offset]
         return tensor_at(self.bases[self.rank] + offset, torch.Size(shape), dtype, self.device, Owner(self, block))
 
-    def block_of(self, t: torch.Tensor) -> Block:
-        """The live block t's storage was made over; raises if there is none."""
-        offset = self.offset_of(t)
+    def block_of(self, t: torch.Tensor):
+        """(the live block t's storage was made over, t's byte offset in the heap); raises if there is none."""
         start = t.untyped_storage().data_ptr() - self.bases[self.rank]
         block = self._at.get(start) or self._import_blocks.get(start)
-        if block is None:
+        if block is None or t.device != self.device:
+            offset = self.offset_of(t)  # names a tensor that is not on the heap at all
             raise ValueError(f"the tensor at heap offset {offset} belongs to no live allocation: it was freed "
                              "already (by ctx.free, scope() or garbage collection)")
-        return block
+        return block, start + t.storage_offset() * t.element_size()
 
     def peer_tensor(self, t: torch.Tensor, rank: int) -> torch.Tensor:
         """rank's copy of heap tensor t, mapped in this process, with t's shape and strides."""
-        block = self.block_of(t)
+        block = self.block_of(t)[0]
         n = block.nbytes // t.element_size()
         base = tensor_at(self.bases[rank] + block.offset, torch.Size((n,)), t.dtype, self.device, Owner(self, block))
         return base.as_strided(t.shape, t.stride(), t.storage_offset())
