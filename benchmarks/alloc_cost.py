@@ -11,7 +11,8 @@ and for torch's symm_mem.empty + rendezvous, all in the same run.
 --sweep: a fresh heap per state, built with L live blocks and H free holes (holes smaller than
 the request, so none can take it), then the median of ctx.empty(16 KiB) + ctx.free; and a vmem
 heap of 100 GiB with S backed segments (one per allocation of one chunk). torch.empty + del of
-the same size is timed in the same run as the reference. Writes benchmarks/results/.
+the same size is timed alternately with it, as the reference; each median is the lowest of three
+rounds. Writes benchmarks/results/.
 """
 import argparse
 import functools
@@ -89,26 +90,32 @@ def bench_symm_mem(counts, nbytes):
     return rows
 
 
-def _pair_times(ctx, nbytes, reps):
-    """Seconds of each ctx.empty + ctx.free of nbytes (the tensor dropped too)."""
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        t = ctx.empty(nbytes, dtype=torch.uint8)
-        ctx.free(t)
-        del t
-        out.append(time.perf_counter() - t0)
-    return out
+def _pair_times(ctx, nbytes, reps, rounds=3):
+    """Medians (seconds) of ctx.empty + ctx.free of nbytes (the tensor dropped too) and of
+    torch.empty + del of the same size, timed alternately so both see the same machine load;
+    the lowest of `rounds` medians each."""
+    dev, ours, ref = ctx.get_device(), [], []
+    for _ in range(rounds):
+        a, b = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            t = ctx.empty(nbytes, dtype=torch.uint8)
+            ctx.free(t)
+            del t
+            t1 = time.perf_counter()
+            t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            del t
+            b.append(time.perf_counter() - t1)
+            a.append(t1 - t0)
+        ours.append(statistics.median(a))
+        ref.append(statistics.median(b))
+    return min(ours), min(ref)
 
 
-def _torch_pair_times(dev, nbytes, reps):
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        del t
-        out.append(time.perf_counter() - t0)
-    return out
+def _row(ctx, allocator, nbytes, reps, **state):
+    ours, ref = _pair_times(ctx, nbytes, reps)
+    return {"allocator": allocator, **state, "iris_median_us": 1e6 * ours, "torch_empty_del_median_us": 1e6 * ref,
+            "ratio_to_torch": ours / ref}
 
 
 def _fragment(ctx, live, holes, hole_bytes, live_bytes):
@@ -123,31 +130,21 @@ def _fragment(ctx, live, holes, hole_bytes, live_bytes):
     return keep
 
 
-def _median_us(times):
-    return 1e6 * statistics.median(times)
-
-
 def sweep(args):
     """Allocation cost against the heap's state; torch.empty + del of the same size as reference."""
     nbytes, reps = args.request_kib << 10, args.reps
     rows = []
-    dev = None
     for allocator in ("torch", "vmem"):
         for live, holes in args.states:
             heap = (3 * (max(live, holes + 1) * 4096 + holes * nbytes // 2) // 2 + (64 << 20)) & -(1 << 21)
             with iris.iris(heap_size=heap, allocator=allocator) as ctx:
-                dev = ctx.get_device()
                 keep = _fragment(ctx, live, holes, nbytes // 2, 4096)
                 warm = ctx.empty(nbytes, dtype=torch.uint8)  # back the block the timed requests use
                 ctx.free(warm)
                 del warm
                 ctx.barrier()
-                ours = _pair_times(ctx, nbytes, reps)
-                ref = _torch_pair_times(dev, nbytes, reps)
-                rows.append({"allocator": allocator, "live_blocks": len(keep), "holes": holes, "segments":
-                             len(ctx.heap.alloc.segments) if allocator == "vmem" else 1,
-                             "iris_median_us": _median_us(ours), "torch_empty_del_median_us": _median_us(ref),
-                             "ratio_to_torch": statistics.median(ours) / statistics.median(ref)})
+                rows.append(_row(ctx, allocator, nbytes, reps, live_blocks=len(keep), holes=holes,
+                                 segments=len(ctx.heap.alloc.segments) if allocator == "vmem" else 1))
                 del keep
     chunk = args.chunk_kib << 10
     for segments in args.segments:
@@ -161,12 +158,8 @@ def sweep(args):
                 ctx.free(warm)
                 del warm
                 ctx.barrier()
-                ours = _pair_times(ctx, nbytes, reps)
-                ref = _torch_pair_times(ctx.get_device(), nbytes, reps)
-                rows.append({"allocator": "vmem", "live_blocks": segments + 1, "holes": 0,
-                             "segments": len(ctx.heap.alloc.segments), "chunk_bytes": real_chunk,
-                             "iris_median_us": _median_us(ours), "torch_empty_del_median_us": _median_us(ref),
-                             "ratio_to_torch": statistics.median(ours) / statistics.median(ref)})
+                rows.append(_row(ctx, "vmem", nbytes, reps, live_blocks=len(keep), holes=0,
+                                 segments=len(ctx.heap.alloc.segments), chunk_bytes=real_chunk))
                 del keep
         finally:
             ALLOCATORS["vmem"] = alloc_cls

@@ -58,20 +58,21 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self.check_symmetry(f"allocate({nbytes}, {align})")
         size = (max(nbytes, 1) + align - 1) & -align
         may_grow = not (self._capturable and torch.cuda.is_current_stream_capturing())
-        try:
-            offset, new = self.alloc.allocate(size, align, may_grow)
-        except HeapOutOfMemory as e:
-            if getattr(e, "during_growth", False):
-                self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
-                raise
-            if not self.collect("allocate (out of memory)"):  # garbage may be waiting: every rank is here too
-                raise
-            offset, new = self.alloc.allocate(size, align, may_grow)
+        for attempt in (0, 1):
+            try:
+                offset, new = self.alloc.allocate(size, align, may_grow)
+                break
+            except HeapOutOfMemory as e:
+                if getattr(e, "during_growth", False):
+                    self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
+                    raise
+                if attempt or not self.collect("allocate (heap full)"):  # every rank is full here too
+                    raise
         if offset is None:
-            raise CaptureError(f"allocate({nbytes} bytes) needs the heap to grow, which cannot happen during CUDA graph capture "
-                               f"(it maps new memory and exchanges it with peers). Allocate this tensor before "
-                               f"capture, or reserve room beforehand: allocate and free one tensor as large as "
-                               f"what you allocate during capture, before capturing.")
+            raise CaptureError(f"allocating {nbytes} bytes needs the heap to grow, which cannot happen during CUDA "
+                               "graph capture (growth maps new memory and exchanges it with the peers). Allocate "
+                               "this tensor before capture, or reserve room first: before capturing, allocate and "
+                               "free one tensor as large as everything the graph allocates.")
         if new:
             self._grow(nbytes, offset, new, call, lambda: self.alloc.undo(offset, new))
         self.symmetry.record(call)
