@@ -326,7 +326,7 @@ class Iris:
         try:
             yield self
         finally:
-            for offset in self.heap.serials_since(mark):
+            for offset in self.heap.offsets_since(mark):
                 self.heap.free(offset)
 
     # -- lifetime ----------------------------------------------------------

@@ -58,14 +58,19 @@ def rank_random_gc(allocator, seed):
     return offsets, ok, state, collected_before, reused
 
 
-@pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_random_gc_timing_keeps_offsets_symmetric(allocator):
-    out = iris.spawn(rank_random_gc, 3, args=(allocator, 4))
-    for r, (offsets, ok, state, collected, reused) in enumerate(out):
-        assert ok, f"rank {r}: a live tensor was overwritten"
-        assert offsets == out[0][0], f"rank {r} handed out different offsets than rank 0"
-        assert state == out[0][2], f"rank {r}'s heap state differs from rank 0's"
-        assert collected > 0 and reused, f"rank {r}: dropped blocks were not all released ({collected} collected)"
+def rank_each_allocator(fn, *args):
+    """fn on both allocators in one job: half the processes to start."""
+    return [fn(allocator, *args) for allocator in ALLOCATORS]
+
+
+def test_random_gc_timing_keeps_offsets_symmetric():
+    job = iris.spawn(rank_each_allocator, 3, args=(rank_random_gc, 4))
+    for out in ([rank[i] for rank in job] for i in range(len(ALLOCATORS))):
+        for r, (offsets, ok, state, collected, reused) in enumerate(out):
+            assert ok, f"rank {r}: a live tensor was overwritten"
+            assert offsets == out[0][0], f"rank {r} handed out different offsets than rank 0"
+            assert state == out[0][2], f"rank {r}'s heap state differs from rank 0's"
+            assert collected > 0 and reused, f"rank {r}: dropped blocks were not all released ({collected} collected)"
 
 
 def rank_agreement(allocator):
@@ -88,9 +93,9 @@ def rank_agreement(allocator):
     return first, early != where, after == where, ok
 
 
-@pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_block_waits_until_every_rank_dropped_it(allocator):
-    for r, (first, not_early, reused, ok) in enumerate(iris.spawn(rank_agreement, 2, args=(allocator,))):
+def test_block_waits_until_every_rank_dropped_it():
+    out = iris.spawn(rank_each_allocator, 2, args=(rank_agreement,))
+    for r, (first, not_early, reused, ok) in enumerate(res for rank in out for res in rank):
         assert first == 0, f"rank {r}: a block queued on one rank only was released"
         assert not_early and reused and ok, f"rank {r}: reuse did not wait for the collective point"
 
@@ -147,10 +152,9 @@ def rank_use_after_close(allocator):
     return base, held, end, seen
 
 
-@pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_tensors_stay_valid_after_close_and_then_go(allocator):
-    out = iris.spawn(rank_use_after_close, 2, args=(allocator,))
-    for r, (base, held, end, seen) in enumerate(out):
+def test_tensors_stay_valid_after_close_and_then_go():
+    out = iris.spawn(rank_each_allocator, 2, args=(rank_use_after_close,))
+    for r, (base, held, end, seen) in ((r, res) for r, rank in enumerate(out) for res in rank):
         assert seen == float((r + 1) % 2 + 1), f"rank {r} read {seen} through a peer view after close"
         assert held[2] > base[2], "the heap's mappings went while tensors still covered them"
         assert end[0] == base[0], f"rank {r}: fds {base[0]} -> {end[0]} after the last tensor went"

@@ -94,7 +94,7 @@ class Lifetimes:
         Collective: all ranks."""
         return self._release_agreed(self.group.allgather(self._queue(), what))
 
-    def serials_since(self, mark: int) -> List[int]:
+    def offsets_since(self, mark: int) -> List[int]:
         """Offsets of live blocks allocated at or after serial mark, in allocation order."""
         out = []
         for serial in reversed(self._live):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
