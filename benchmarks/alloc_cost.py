@@ -1,12 +1,21 @@
-"""Cost of one collective allocation: iris's torch and vmem heaps against torch symmetric memory.
+"""Cost of one collective allocation: iris's torch and vmem heaps against torch symmetric memory,
+and (--sweep) how ctx.empty + ctx.free grows with the heap's state, against torch.empty + del.
 
     python -m iris.run -n 2 benchmarks/alloc_cost.py [--sizes-mib 1] [--counts 1 10 100 1000]
+    python -m iris.run -n 2 benchmarks/alloc_cost.py --sweep
 
-For each count N of 1 MiB allocations: the time per allocation inside already-mapped memory,
-with heap growth (vmem: a fresh heap, chunks created and exchanged as they are needed), and
-for torch's symm_mem.empty + rendezvous, all in the same run. Writes benchmarks/results/.
+Default: for each count N of 1 MiB allocations, the time per allocation inside already-mapped
+memory, with heap growth (vmem: a fresh heap, chunks created and exchanged as they are needed),
+and for torch's symm_mem.empty + rendezvous, all in the same run.
+
+--sweep: a fresh heap per state, built with L live blocks and H free holes (holes smaller than
+the request, so none can take it), then the median of ctx.empty(16 KiB) + ctx.free; and a vmem
+heap of 100 GiB with S backed segments (one per allocation of one chunk). torch.empty + del of
+the same size is timed alternately with it, as the reference; each median is the lowest of three
+rounds. Writes benchmarks/results/.
 """
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -18,6 +27,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import init_torch_distributed, write_result  # noqa: E402
 
 import iris  # noqa: E402
+from iris.allocators import ALLOCATORS  # noqa: E402
 
 
 def _timed_allocs(ctx, n, nbytes):
@@ -80,14 +90,121 @@ def bench_symm_mem(counts, nbytes):
     return rows
 
 
+def _pair_times(ctx, nbytes, reps, rounds=3):
+    """Medians (seconds) of ctx.empty + ctx.free of nbytes (the tensor dropped too) and of
+    torch.empty + del of the same size, timed alternately so both see the same machine load;
+    the lowest of `rounds` medians each."""
+    dev, ours, ref = ctx.get_device(), [], []
+    for _ in range(rounds):
+        a, b = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            t = ctx.empty(nbytes, dtype=torch.uint8)
+            ctx.free(t)
+            del t
+            t1 = time.perf_counter()
+            t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            del t
+            b.append(time.perf_counter() - t1)
+            a.append(t1 - t0)
+        ours.append(statistics.median(a))
+        ref.append(statistics.median(b))
+    return min(ours), min(ref)
+
+
+def _row(ctx, allocator, nbytes, reps, **state):
+    ours, ref = _pair_times(ctx, nbytes, reps)
+    return {"allocator": allocator, **state, "iris_median_us": 1e6 * ours, "torch_empty_del_median_us": 1e6 * ref,
+            "ratio_to_torch": ours / ref}
+
+
+def _fragment(ctx, live, holes, hole_bytes, live_bytes):
+    """live blocks kept and holes freed between them, so no two holes coalesce."""
+    keep, gaps = [], []
+    for i in range(max(live, holes + 1)):
+        if i < holes:
+            gaps.append(ctx.empty(hole_bytes, dtype=torch.uint8))
+        keep.append(ctx.empty(live_bytes, dtype=torch.uint8))
+    for g in gaps:
+        ctx.free(g)
+    return keep
+
+
+def sweep(args):
+    """Allocation cost against the heap's state; torch.empty + del of the same size as reference."""
+    nbytes, reps = args.request_kib << 10, args.reps
+    rows = []
+    for allocator in ("torch", "vmem"):
+        for live, holes in args.states:
+            heap = (3 * (max(live, holes + 1) * 4096 + holes * nbytes // 2) // 2 + (64 << 20)) & -(1 << 21)
+            with iris.iris(heap_size=heap, allocator=allocator) as ctx:
+                keep = _fragment(ctx, live, holes, nbytes // 2, 4096)
+                warm = ctx.empty(nbytes, dtype=torch.uint8)  # back the block the timed requests use
+                ctx.free(warm)
+                del warm
+                ctx.barrier()
+                rows.append(_row(ctx, allocator, nbytes, reps, live_blocks=len(keep), holes=holes,
+                                 segments=len(ctx.heap.alloc.segments) if allocator == "vmem" else 1))
+                del keep
+    chunk = args.chunk_kib << 10
+    for segments in args.segments:
+        alloc_cls = ALLOCATORS["vmem"]
+        ALLOCATORS["vmem"] = functools.partial(alloc_cls, chunk_size=chunk)  # small chunks where the host limits
+        try:
+            with iris.iris(heap_size=100 << 30, allocator="vmem") as ctx:
+                real_chunk = ctx.heap.alloc.chunk
+                keep = [ctx.empty(real_chunk, dtype=torch.uint8) for _ in range(segments)]
+                warm = ctx.empty(nbytes, dtype=torch.uint8)
+                ctx.free(warm)
+                del warm
+                ctx.barrier()
+                rows.append(_row(ctx, "vmem", nbytes, reps, live_blocks=len(keep), holes=0,
+                                 segments=len(ctx.heap.alloc.segments), chunk_bytes=real_chunk))
+                del keep
+        finally:
+            ALLOCATORS["vmem"] = alloc_cls
+    return rows
+
+
+def _print_sweep(rows):
+    print(f"{'allocator':>9} {'live':>7} {'holes':>6} {'segments':>8} {'iris us':>8} {'torch us':>8} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['allocator']:>9} {r['live_blocks']:>7} {r['holes']:>6} {r['segments']:>8} {r['iris_median_us']:8.2f} "
+              f"{r['torch_empty_del_median_us']:8.2f} {r['ratio_to_torch']:6.2f}")
+
+
+def _state(text):
+    live, holes = text.split(":")
+    return int(float(live)), int(float(holes))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true", help="allocation cost against the heap's state")
+    ap.add_argument("--states", type=_state, nargs="+",
+                    default=[_state(s) for s in ("1e2:10", "1e2:1e2", "1e3:1e3", "1e4:1e4", "1e5:1e2", "1e5:5e4")],
+                    help="live:holes pairs for --sweep")
+    ap.add_argument("--segments", type=int, nargs="+", default=[100, 1000, 10000, 50000],
+                    help="backed segments of a 100 GiB vmem heap for --sweep")
+    ap.add_argument("--chunk-kib", type=int, default=2048,
+                    help="vmem chunk for the segments sweep (the driver's granularity at least)")
+    ap.add_argument("--request-kib", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--counts", type=int, nargs="+", default=[1, 10, 100, 1000])
     ap.add_argument("--size-mib", type=float, default=1.0)
     ap.add_argument("--heap-gib", type=float, default=8.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rank, world = init_torch_distributed()
+    if args.sweep:
+        rows = sweep(args)
+        if rank == 0:
+            _print_sweep(rows)
+            payload = {"request_bytes": args.request_kib << 10, "reps": args.reps, "rows": rows}
+            print("wrote", write_result("alloc_cost_sweep", payload, args.out))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     nbytes, heap = int(args.size_mib * (1 << 20)), int(args.heap_gib * (1 << 30))
     rows = bench_iris("torch", args.counts, nbytes, heap) + bench_iris("vmem", args.counts, nbytes, heap)
     if torch.cuda.is_available():

@@ -77,12 +77,12 @@ class Iris:
                 torch.cuda.set_device(index)
                 self.device = torch.device("cuda", index)
             reserve = _internal_bytes(self.world)
-            total = heap_size + reserve
+            total, self._reserve = heap_size + reserve, reserve
             alloc = (ALLOCATORS[name](self.driver, total) if name == "vmem"
                      else ALLOCATORS[name](self.driver, total, self.device))
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
-            self._internal = self.heap.tensor(self.heap.allocate(reserve, ALIGN), (reserve,), torch.uint8)
+            self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
             self._internal.zero_()
             self._internal_used = 0
             self._barrier_flags = self._internal_flags(self.world + 1, torch.int64)
@@ -136,7 +136,7 @@ class Iris:
     @property
     def heap_size(self) -> int:
         """Bytes the user's tensors may take (iris's own flags are outside it)."""
-        return self.heap.size - self._internal.numel()
+        return self.heap.size - self._reserve
 
     def get_device_context(self) -> torch.Tensor:
         """int64 tensor [rank, world, heap_base_0, ...] on the heap's device, for
@@ -182,17 +182,23 @@ class Iris:
         return self.heap.contains(t)
 
     def peer_view(self, t: torch.Tensor, rank: int) -> torch.Tensor:
-        """rank's copy of heap tensor t, mapped in this process: host code can read and write it."""
+        """rank's copy of heap tensor t, mapped in this process: host code can read and write it.
+        Like t, it keeps the memory it covers mapped while it lives."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is not in [0, {self.world})")
-        offset = self.heap.offset_of(t)
-        base = self.heap.tensor(0, (self.heap.size,), torch.uint8, rank)
-        return torch.as_strided(base.view(t.dtype) if offset % t.element_size() == 0 else base,
-                                t.shape, t.stride(), offset // t.element_size())
+        return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:
-        """Give t's block back for reuse. Collective: all ranks free the same tensors in the same order."""
-        offset = self.heap.offset_of(t)
+        """Give t's block back for reuse now. Collective: all ranks free the same tensors in the same
+        order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
+        freeing a block twice raises. Tensors that are simply dropped are freed at the next
+        collective point instead (see collect)."""
+        block, offset = self.heap.block_of(t)
+        nbytes = t.numel() * t.element_size()
+        if offset != block.offset or nbytes != block.nbytes:
+            raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
+                             f"[{offset - block.offset}, {offset - block.offset + nbytes}) of a {block.nbytes}-byte "
+                             "block (a slice or part of it); free the tensor the factory returned")
         self.heap.free(offset)
         keys = self._imported_at.get(offset)
         if keys:  # forget the import this was (one of those at this offset, its shape and dtype first)
@@ -202,13 +208,23 @@ class Iris:
             if not keys:
                 del self._imported_at[offset]
 
+    def collect(self) -> int:
+        """Release the blocks whose tensors are gone on every rank; returns the bytes released.
+
+        A heap tensor that is dropped (no view, slice or peer view of it left) is queued on its rank;
+        queued blocks are released at collective points (heap growth, barrier, trim, close, and
+        this call) once every rank has queued them, in one order on all ranks, so garbage
+        collection timing never makes ranks' offsets differ. Collective: all ranks."""
+        return self.heap.collect()
+
     def trim(self) -> int:
         """Give memory with no live tensor back to the device; returns bytes released. Collective."""
         return self.heap.trim()
 
     def _made(self, size, dtype, device, out, requires_grad, fill=None) -> torch.Tensor:
         """A new heap tensor (or out, checked), filled outside autograd, then requires_grad as asked."""
-        self._check_device(device)
+        if device is not None:
+            self._check_device(device)
         shape = _shape(size)
         dtype = dtype or torch.get_default_dtype()
         if out is not None:
@@ -218,7 +234,7 @@ class Iris:
                                  f"{tuple(out.shape)} and dtype {out.dtype}")
             t = out
         else:
-            t = self.heap.tensor(self.heap.allocate(shape.numel() * dtype.itemsize, ALIGN), shape, dtype)
+            t = self.heap.new_tensor(shape, dtype)
         if fill is not None:
             with torch.no_grad():
                 fill(t)
@@ -418,20 +434,24 @@ class Iris:
 
     @contextmanager
     def scope(self):
-        """Frees, at exit, every tensor the factories allocated inside. Collective: all ranks."""
-        mark = set(self.heap.alloc.offsets.live)
+        """Frees, at exit, every block the factories allocated inside that is still live, newest
+        last, whether or not tensors over it remain. Collective: all ranks."""
+        mark = self.heap._serial + 1
         try:
             yield self
         finally:
-            for offset in sorted(set(self.heap.alloc.offsets.live) - mark):
+            for offset in self.heap.offsets_since(mark):
                 self.heap.free(offset)
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
-        """Release the heap and leave the job; idempotent. Collective while peers are alive."""
+        """Leave the job; idempotent. Collective while peers are alive. The heap's memory (this
+        rank's and its peer views) goes back now, or when the last heap tensor still held goes."""
         if getattr(self, "heap", None) is not None:
-            self.heap.close()
             self._imported, self._imported_at = {}, {}
+            for own in ("_internal", "_barrier_flags"):  # the context's own tensors must not hold the memory
+                self.__dict__.pop(own, None)
+            self.heap.close()
 
     def __enter__(self) -> "Iris":
         return self

@@ -33,3 +33,7 @@ class BootstrapError(IrisError, RuntimeError):
 
 class SymmetryError(IrisError, RuntimeError):
     """Ranks made different collective allocations; the heap refused to diverge."""
+
+
+class CaptureError(IrisError, RuntimeError):
+    """An allocation during CUDA graph capture needed the heap to grow, which capture forbids."""

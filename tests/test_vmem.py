@@ -59,6 +59,7 @@ def rank_trim():
     committed_before = ctx.heap.alloc.committed
     for t in big:
         ctx.free(t)
+    del t, big  # trim keeps memory that a live tensor covers, freed or not
     released = ctx.trim()
     after = _heap_maps()
     ctx.barrier()
@@ -156,7 +157,7 @@ def rank_gpu_trim():
     free1 = torch.cuda.mem_get_info()[0]
     for t in ts:
         ctx.free(t)
-    del ts
+    del ts, t  # trim keeps memory that a live tensor covers, freed or not
     released = ctx.trim()
     ctx.barrier()
     free2 = torch.cuda.mem_get_info()[0]

@@ -1,13 +1,16 @@
 """Offset policy: which offset a request gets and how frees coalesce. Pure arithmetic, no driver.
 
-First fit from the lowest address over an address-ordered free list: deterministic (the same
-calls give the same offsets on every rank), compact at the bottom so high chunks can be trimmed,
-and neighbours coalesce on free.
+Best fit, lowest address first among blocks of the same length: deterministic (the same calls give
+the same offsets on every rank), and a request takes the low end of its block, so a fresh heap
+fills from the bottom and high chunks stay free for trim. Free blocks are indexed by
+(length, start) in SortedInts, and by start and by end in dicts: a request and a free cost a
+few bisections whatever the heap's state, and neighbours coalesce on free in O(1) lookups.
 """
 from __future__ import annotations
 
-import bisect
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from .sorted_ints import SortedInts
 
 
 def round_up(value: int, align: int) -> int:
@@ -21,61 +24,96 @@ class Offsets:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.capacity = capacity
-        self._starts: List[int] = [0]       # free blocks, address order
-        self._sizes: List[int] = [capacity]
-        self.live: Dict[int, int] = {}      # offset -> size of every allocated block
-
-    @property
-    def free_bytes(self) -> int:
-        return sum(self._sizes)
+        self._shift = capacity.bit_length()      # a size key is length << shift | start
+        self._mask = (1 << self._shift) - 1
+        self._length: Dict[int, int] = {}         # free block start -> length
+        self._start_of_end: Dict[int, int] = {}   # free block end -> start
+        self._by_size = SortedInts()
+        self.live: Dict[int, int] = {}            # offset -> size of every allocated block
+        self.free_bytes = capacity
+        self._add(0, capacity)
 
     def largest_free(self) -> int:
-        return max(self._sizes, default=0)
+        key = self._by_size.last()
+        return 0 if key is None else key >> self._shift
 
     def allocate(self, size: int, align: int = 1, top: bool = False) -> Optional[int]:
-        """The lowest (or with top, the highest) aligned offset with room for size bytes, or None."""
+        """The aligned offset of the smallest free block with room for size bytes (the lowest such
+        block among equals; with top, the highest block that fits, at its top), or None."""
         if size <= 0 or align <= 0 or align & (align - 1):
             raise ValueError(f"size must be positive and align a power of two, got size={size} align={align}")
-        order = range(len(self._starts) - 1, -1, -1) if top else range(len(self._starts))
-        for i in order:
-            start, length = self._starts[i], self._sizes[i]
-            at = (start + length - size) // align * align if top else round_up(start, align)
-            if at < start or at + size > start + length:
-                continue
-            del self._starts[i], self._sizes[i]
-            if at + size < start + length:
-                self._insert(i, at + size, start + length - at - size)
-            if at > start:
-                self._insert(i, start, at - start)
-            self.live[at] = size
-            return at
-        return None
+        if top:
+            return self._allocate_top(size, align)
+        shift, mask = self._shift, self._mask
+        key = self._by_size.ceil(size << shift)
+        if key is None:
+            return None
+        start, length = key & mask, key >> shift
+        at = (start + align - 1) & -align
+        if at + size > start + length:  # alignment padding: look further (only blocks shorter than size + align)
+            for key in self._by_size.irange(key + 1):
+                start, length = key & mask, key >> shift
+                at = (start + align - 1) & -align
+                if at + size <= start + length:
+                    break
+            else:
+                return None
+        self._take(start, length, at, size)
+        return at
+
+    def _allocate_top(self, size: int, align: int) -> Optional[int]:
+        """Rare (imports): a scan of the blocks long enough."""
+        best = None
+        for start, length in self.free_at_least(size):
+            at = (start + length - size) & -align
+            if at >= start and (best is None or start > best[0]):
+                best = start, length, at
+        if best is None:
+            return None
+        self._take(best[0], best[1], best[2], size)
+        return best[2]
+
+    def _take(self, start: int, length: int, at: int, size: int) -> None:
+        self._remove(start, length)
+        if at > start:
+            self._add(start, at - start)
+        if at + size < start + length:
+            self._add(at + size, start + length - at - size)
+        self.live[at] = size
+        self.free_bytes -= size
 
     def free(self, offset: int) -> int:
         """Give back the block that starts at offset; returns its size."""
         size = self.live.pop(offset, None)
         if size is None:
             raise ValueError(f"offset {offset} is not the start of a live allocation")
-        i = bisect.bisect(self._starts, offset)
         start, end = offset, offset + size
-        if i < len(self._starts) and self._starts[i] == end:          # merge the right neighbour
-            end += self._sizes[i]
-            del self._starts[i], self._sizes[i]
-        if i > 0 and self._starts[i - 1] + self._sizes[i - 1] == start:  # merge the left neighbour
-            i -= 1
-            start = self._starts[i]
-            del self._starts[i], self._sizes[i]
-        self._insert(i, start, end - start)
+        right = self._length.get(end)
+        if right is not None:
+            self._remove(end, right)
+            end += right
+        left = self._start_of_end.get(start)
+        if left is not None:
+            self._remove(left, start - left)
+            start = left
+        self._add(start, end - start)
+        self.free_bytes += size
         return size
 
-    def is_free(self, start: int, end: int) -> bool:
-        """Whether [start, end) lies inside one free block."""
-        i = bisect.bisect(self._starts, start) - 1
-        return i >= 0 and self._starts[i] + self._sizes[i] >= end
+    def free_at_least(self, length: int) -> Iterator[Tuple[int, int]]:
+        """(start, length) of every free block of at least length bytes."""
+        for key in self._by_size.irange(length << self._shift):
+            yield key & self._mask, key >> self._shift
 
     def free_blocks(self) -> List[Tuple[int, int]]:
-        return list(zip(self._starts, self._sizes))
+        """(start, length) of every free block, in address order."""
+        return sorted(self._length.items())
 
-    def _insert(self, i: int, start: int, size: int) -> None:
-        self._starts.insert(i, start)
-        self._sizes.insert(i, size)
+    def _add(self, start: int, length: int) -> None:
+        self._length[start] = length
+        self._start_of_end[start + length] = start
+        self._by_size.add(length << self._shift | start)
+
+    def _remove(self, start: int, length: int) -> None:
+        del self._length[start], self._start_of_end[start + length]
+        self._by_size.remove(length << self._shift | start)

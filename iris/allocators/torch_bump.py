@@ -21,7 +21,7 @@ class TorchAllocator:
 
     committed = property(lambda self: self.size)
 
-    def allocate(self, nbytes: int, align: int):
+    def allocate(self, nbytes: int, align: int, may_grow: bool = True):
         offset = self.offsets.allocate(nbytes, align)
         if offset is None:
             raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.size,

@@ -1,13 +1,13 @@
 """VMemAllocator: one large virtual reservation, physical segments created only when allocations need them."""
 from __future__ import annotations
 
-import bisect
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import DriverError, HeapOutOfMemory
 from .offsets import Offsets, round_up
+from .sorted_ints import SortedInts
 
 DEFAULT_CHUNK = 2 << 20
 
@@ -38,14 +38,18 @@ class VMemAllocator:
         self.size = round_up(heap_size, self.chunk)
         self.base = driver.reserve(self.size)
         self.offsets = Offsets(self.size)
-        self.segments: List[Segment] = []   # address order
+        self._segs: Dict[int, Segment] = {}   # offset -> segment
+        self._seg_starts = SortedInts()       # their offsets, for lookups by bisection
+        self.committed = 0
 
     @property
-    def committed(self) -> int:
-        return sum(s.size for s in self.segments)
+    def segments(self) -> List[Segment]:
+        """Every backed segment, in address order."""
+        return [self._segs[o] for o in self._seg_starts]
 
-    def allocate(self, nbytes: int, align: int) -> Tuple[int, List[Segment]]:
-        """The offset, and the segments created for it (the heap shares those with peers)."""
+    def allocate(self, nbytes: int, align: int, may_grow: bool = True) -> Tuple[Optional[int], List[Segment]]:
+        """The offset, and the segments created for it (the heap shares those with peers); (None, [])
+        when the request would need new segments and may_grow is False."""
         offset = self.offsets.allocate(nbytes, align)
         if offset is None:
             raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.size,
@@ -53,8 +57,12 @@ class VMemAllocator:
                                   "Free tensors with ctx.free(), or create the heap with a larger heap_size "
                                   "(a vmem heap may exceed device memory).")
         new: List[Segment] = []
+        holes = self._holes(offset, offset + nbytes)
+        if holes and not may_grow:
+            self.offsets.free(offset)
+            return None, new
         try:
-            for lo, hi in self._holes(offset, offset + nbytes):
+            for lo, hi in holes:
                 new.append(self._map_new(lo, hi - lo))
         except DriverError as e:
             self.undo(offset, new)
@@ -67,7 +75,7 @@ class VMemAllocator:
             err.during_growth = True
             raise err from e
         for seg in new:
-            bisect.insort(self.segments, seg, key=lambda s: s.offset)
+            self._index(seg)
         return offset, new
 
     def undo(self, offset: int, new: List[Segment]) -> None:
@@ -78,14 +86,18 @@ class VMemAllocator:
     def _holes(self, start: int, end: int) -> List[Tuple[int, int]]:
         """The unbacked chunk-aligned runs of [start, end)."""
         start, end = start // self.chunk * self.chunk, round_up(end, self.chunk)
-        i = bisect.bisect([s.offset for s in self.segments], start) - 1
-        holes, at = [], start
-        for seg in self.segments[max(i, 0):]:
-            if seg.offset >= end:
+        at, below = start, self._seg_starts.floor(start)
+        if below is not None:
+            at = max(at, below + self._segs[below].size)
+            if at >= end:
+                return []  # the usual case: inside one backed segment
+        holes = []
+        for off in self._seg_starts.irange(at):
+            if off >= end:
                 break
-            if seg.offset > at:
-                holes.append((at, seg.offset))
-            at = max(at, seg.offset + seg.size)
+            if off > at:
+                holes.append((at, off))
+            at = max(at, off + self._segs[off].size)
         if at < end:
             holes.append((at, end))
         return holes
@@ -112,9 +124,7 @@ class VMemAllocator:
         """
         span = round_up(span, self.chunk)
         region = self.offsets.allocate(span, self.chunk, top=True)
-        i = 0 if region is None else bisect.bisect_left(self.segments, region, key=lambda s: s.offset)
-        if region is None or any(region < s.offset + s.size and s.offset < region + span  # segments it would hit
-                                 for s in self.segments[max(i - 1, 0):i + 1]):
+        if region is None or self._holes(region, region + span) != [(region, region + span)]:  # segments it would hit
             if region is not None:
                 self.offsets.free(region)
             raise HeapOutOfMemory(span, self.offsets.free_bytes, self.size,
@@ -130,24 +140,41 @@ class VMemAllocator:
             self.driver.set_access(self.base + region + lo, hi - lo)
             undo.pop_all()
         for seg in segments:
-            bisect.insort(self.segments, seg, key=lambda s: s.offset)
+            self._index(seg)
         return region, segments
 
+    def _index(self, seg: Segment) -> None:
+        self._segs[seg.offset] = seg
+        self._seg_starts.add(seg.offset)
+        self.committed += seg.size
+
     def segments_in(self, offset: int, size: int) -> List[Segment]:
-        return [s for s in self.segments if offset <= s.offset < offset + size]
+        """Segments that start in [offset, offset + size), in address order."""
+        out = []
+        for off in self._seg_starts.irange(offset):
+            if off >= offset + size:
+                break
+            out.append(self._segs[off])
+        return out
 
     def trimmable(self) -> List[Segment]:
-        """Segments with no live allocation in them."""
-        return [s for s in self.segments if not s.foreign and self.offsets.is_free(s.offset, s.offset + s.size)]
+        """Own segments with no allocation in them, in address order: only free blocks of at least
+        a chunk can hold one, so the cost follows those blocks, not the heap."""
+        out = []
+        for start, length in self.offsets.free_at_least(self.chunk):
+            out += [s for s in self.segments_in(start, length) if not s.foreign and s.offset + s.size <= start + length]
+        return sorted(out, key=lambda s: s.offset)
 
     def release(self, segments: List[Segment]) -> None:
         """Unmap and release segments (the heap has dropped peer views first)."""
         for seg in segments:
-            if seg in self.segments:
-                self.segments.remove(seg)
+            if self._segs.get(seg.offset) is seg:
+                del self._segs[seg.offset]
+                self._seg_starts.remove(seg.offset)
+                self.committed -= seg.size
             self.driver.unmap(self.base + seg.offset, seg.size)
             self.driver.release(seg.handle)
 
     def close(self) -> None:
-        self.release(list(self.segments))
+        self.release(self.segments)
         self.driver.free_va(self.base, self.size)

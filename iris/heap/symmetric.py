@@ -1,39 +1,22 @@
 """SymmetricHeap: one allocator's memory, a view of every peer's, and heap_bases for kernels."""
 from __future__ import annotations
 
-import bisect
-import os
 from contextlib import ExitStack
-from typing import Dict, List, Optional
+from typing import Dict
 
 import torch
 
-from ..errors import BootstrapError, HeapOutOfMemory, SymmetryError
-from ..allocators.offsets import round_up
-from ..platform import IpcHandle
+from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryError
+from ..allocators.sorted_ints import SortedInts
+from .imports import Imports
+from .lifetime import Block, Lifetimes, Owner
+from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
-from .views import bytes_at
+from .views import tensor_at
 
 
-def _close_all(fds) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-def _runs(layout):
-    """Contiguous (start, end) runs of sorted (offset, size) pieces: access is set per mapped run."""
-    runs = []
-    for off, size in sorted(layout):
-        if runs and runs[-1][1] == off:
-            runs[-1][1] = off + size
-        else:
-            runs.append([off, off + size])
-    return runs
-
-
-class SymmetricHeap:
-    """Peers see each other's heap: a VMM heap maps each peer's segments into a reserved range of
-    the same size; a plain block is opened once through IPC. Creating it is collective."""
+class SymmetricHeap(PeerMaps, Imports, Lifetimes):
+    """Every rank's heap at one layout, each peer's mapped here. Creating it is collective."""
 
     def __init__(self, allocator, driver, group, device: torch.device):
         self.alloc, self.driver, self.group, self.device = allocator, driver, group, device
@@ -42,9 +25,14 @@ class SymmetricHeap:
         self.symmetry = SymmetryCheck(mode_from_env())
         self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [region, imports there]
         self._regions: Dict[int, list] = {}  # region of imported memory -> [span, live tensors in it]
-        self.stats = {"allocations": 0, "frees": 0, "growths": 0, "exchanges": 0, "trims": 0}
+        self._import_blocks: Dict[int, Block] = {}  # offset of an imported tensor -> its block
+        self.stats = {"allocations": 0, "frees": 0, "growths": 0, "exchanges": 0, "trims": 0, "collected": 0}
         self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
+        self._import_starts = {p: SortedInts() for p in self.peers}  # the same offsets, for range lookups
         self._peer_va: Dict[int, int] = {}
+        self.closed = False
+        self._init_lifetimes()
+        self._capturable = device.type == "cuda"
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:
@@ -54,143 +42,64 @@ class SymmetricHeap:
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
             self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=device)
-            self.views = [bytes_at(b, self.size, device) for b in self.bases]
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
-        self.closed = False
-
-    def _open_peer_blocks(self, undo: ExitStack) -> None:
-        """Open each peer's block once: by its VMM handles where it has them (torch's memory with
-        expandable_segments:True, which legacy IPC cannot open; shared memory on the host), else by IPC."""
-        runs, pages = self._retain_runs([(self.alloc.base, self.size)])
-        if runs[0] is not None:
-            ptr, start, _ = runs[0]
-            parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
-            self.stats["peers_opened_by"] = "vmm handles"
-            return self._map_peer_blocks(parts, ptr - start, undo)
-        self._release_pages(pages)
-        self.stats["peers_opened_by"] = "ipc"
-        mine = self.driver.ipc_export(self.alloc.base, self.size)
-        own_fds = [mine.fd] if mine.fd is not None else []
-        try:
-            objs, fds = self.group.exchange((mine.data, mine.offset, mine.size), own_fds, "heap ipc open")
-        finally:
-            _close_all(own_fds)
-        for p in self.peers:
-            data, offset, size = objs[p]
-            try:
-                ptr = self.driver.ipc_open(IpcHandle(data, offset, size, fds[p][0] if fds[p] else None))
-            finally:
-                _close_all(fds[p])
-            undo.callback(self.driver.ipc_close, ptr, size)
-            self._peer_va[p] = ptr
-
-    def _map_peer_blocks(self, parts, lead: int, undo: ExitStack) -> None:
-        d = self.driver
-        own = [d.export(h) for _, _, h in parts]
-        for _, _, h in parts:
-            d.release(h)  # torch's own mapping keeps the memory alive
-        try:
-            objs, fds = self.group.exchange((lead, [(rel, size) for rel, size, _ in parts]), own, "heap vmm open")
-        finally:
-            _close_all(own)
-        try:
-            for p in self.peers:
-                peer_lead, layout = objs[p]
-                total = layout[-1][0] + layout[-1][1]
-                va = d.reserve(total)
-                undo.callback(d.free_va, va, total)
-                for (rel, size), fd in zip(layout, fds[p]):
-                    handle = d.import_(fd)
-                    undo.callback(d.release, handle)
-                    d.map(va + rel, size, handle)
-                    undo.callback(d.unmap, va + rel, size)
-                d.set_access(va, total)
-                self._peer_va[p] = va + peer_lead
-        finally:
-            _close_all(fd for p in self.peers for fd in fds[p])
 
     # -- allocation --------------------------------------------------------
-    def allocate(self, nbytes: int, align: int = 256) -> int:
-        """Offset of a new block of nbytes. Collective: all ranks, same order, same sizes."""
-        call = f"allocate({nbytes}, align={align})"
+    def allocate(self, nbytes: int, align: int = 256) -> Block:
+        """A new block of nbytes. Collective: all ranks, same order, same sizes.
+
+        Blocks are whole multiples of align, so every free block starts aligned and the policy's
+        first candidate always fits. Inside CUDA graph capture only backed memory can be used:
+        growth is a driver call and an exchange with peers, which capture forbids."""
+        if self.closed:
+            raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
+        call = ("allocate", nbytes, align)
         if self.symmetry.mode == "full":
-            self.check_symmetry(call)
-        try:
-            offset, new = self.alloc.allocate(max(nbytes, 1), align)
-        except HeapOutOfMemory as e:
-            if getattr(e, "during_growth", False):
-                self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
-            raise
+            self.check_symmetry(f"allocate({nbytes}, {align})")
+        size = (max(nbytes, 1) + align - 1) & -align
+        may_grow = not (self._capturable and torch.cuda.is_current_stream_capturing())
+        for attempt in (0, 1):
+            try:
+                offset, new = self.alloc.allocate(size, align, may_grow)
+                break
+            except HeapOutOfMemory as e:
+                if getattr(e, "during_growth", False):
+                    self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
+                    raise
+                if attempt or not self.collect("allocate (heap full)"):  # every rank is full here too
+                    raise
+        if offset is None:
+            raise CaptureError(f"allocating {nbytes} bytes needs the heap to grow, which cannot happen during CUDA "
+                               "graph capture (growth maps new memory and exchanges it with the peers). Allocate "
+                               "this tensor before capture, or reserve room first: before capturing, allocate and "
+                               "free one tensor as large as everything the graph allocates.")
         if new:
             self._grow(nbytes, offset, new, call, lambda: self.alloc.undo(offset, new))
         self.symmetry.record(call)
         self.stats["allocations"] += 1
-        return offset
+        self._serial += 1
+        block = Block(offset, nbytes, self._serial)
+        self._at[offset] = self._live[self._serial] = block
+        return block
 
-    def _grow(self, nbytes: int, offset, new, call: str, undo_new) -> None:
-        """One batched exchange: every rank's new segments, mapped into each peer's view.
-
-        Ranks agree on (nbytes, offset); each maps a peer's memory by that peer's own segment list.
-        undo_new takes this rank's part back when a peer could not do its own."""
-        desc = None if new is None else (nbytes, offset)
-        own = [self.driver.export(s.handle) for s in new or ()]
-        layout = [(s.offset, s.size) for s in new or ()]
-        try:
-            objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout), own, "heap growth")
-        finally:
-            _close_all(own)
-        self.stats["exchanges"] += 1
-        objs, tokens, layouts = [o[0] for o in objs], [o[1] for o in objs], [o[2] for o in objs]
-        received = [fd for p in self.peers for fd in fds[p]]
-        try:
-            if desc is None:
-                return
-            try:
-                self.symmetry.compare(tokens, self.rank, "a heap growth")
-            except SymmetryError:
-                undo_new()
-                raise
-            failed = [p for p in self.peers if objs[p] is None]
-            diverged = [p for p in self.peers if objs[p] is not None and objs[p] != desc]
-            if failed or diverged:
-                undo_new()
-                if failed:
-                    raise HeapOutOfMemory(nbytes, self.alloc.offsets.free_bytes, self.size,
-                                          f"Ranks {failed} could not back it: their devices are out of memory. "
-                                          "Free tensors and call ctx.trim() on every rank.")
-                raise SymmetryError(f"rank {self.rank} allocated {nbytes} bytes at offset {offset}, but ranks "
-                                    f"{diverged} made a different allocation ({[objs[p] for p in diverged]}); every "
-                                    "rank must allocate the same sizes in the same order")
-            with ExitStack() as undo:
-                for p in self.peers:
-                    for (off, size), fd in zip(layouts[p], fds[p]):
-                        self._import(p, off, size, fd, undo)
-                    for lo, hi in _runs(layouts[p]):
-                        self.driver.set_access(self._peer_va[p] + lo, hi - lo)
-                undo.pop_all()
-            self.stats["growths"] += 1
-        finally:
-            _close_all(received)
-
-    def _import(self, peer: int, offset: int, size: int, fd: int, undo: ExitStack) -> None:
-        d, va = self.driver, self._peer_va[peer] + offset
-        handle = d.import_(fd)
-        undo.callback(d.release, handle)
-        d.map(va, size, handle)
-        undo.callback(d.unmap, va, size)
-        self._imports[peer][offset] = (handle, size)
-        undo.callback(self._imports[peer].pop, offset)
+    def new_tensor(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A fresh heap tensor of shape and dtype: one allocation, one view. Collective."""
+        block = self.allocate(shape.numel() * dtype.itemsize)
+        return tensor_at(self.bases[self.rank] + block.offset, shape, dtype, self.device, Owner(self, block))
 
     def free(self, offset: int) -> int:
-        """Give a block back for reuse. Collective: all ranks, same order."""
-        call = f"free(offset={offset})"
-        if offset not in self._adopted:
-            size = self.alloc.free(offset)
-        else:  # an imported tensor: its region goes when its last tensor does
+        """Give the block at offset back for reuse. Collective: all ranks, same order."""
+        call = ("free", offset)
+        block = self._at.get(offset)
+        if block is not None:
+            self._forget(block)
+            size = block.nbytes
+        elif offset in self._adopted:  # an imported tensor: its region goes when its last tensor does
             entry = self._adopted[offset]
             region, entry[1] = entry[0], entry[1] - 1
             if not entry[1]:
                 del self._adopted[offset]
+                self._import_blocks.pop(offset).freed = True
             self._regions[region][1] -= 1
             size = 0
             if not self._regions[region][1]:
@@ -198,170 +107,70 @@ class SymmetricHeap:
                 self._drop_peer_range(region, region + span)  # unmap it everywhere, hand the handles back
                 self.alloc.release(self.alloc.segments_in(region, span))
                 size = self.alloc.free(region)
+        else:
+            raise ValueError(f"free: no live allocation starts at heap offset {offset}: it was freed already "
+                             "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
         self.symmetry.record(call)
         self.stats["frees"] += 1
         return size
 
     def check_symmetry(self, pending: str = "", what: str = "barrier") -> None:
-        """Compare every rank's call digest; doubles as a barrier. Collective: all ranks."""
-        tokens = self.group.allgather(self.symmetry.token(pending), what)
-        self.symmetry.compare(tokens, self.rank, f"{what} before {pending}" if pending else what)
+        """Compare every rank's call digest and release agreed garbage; doubles as a barrier.
+        Collective: all ranks."""
+        got = self.group.allgather((self.symmetry.token(pending), self._queue()), what)
+        self.symmetry.compare([g[0] for g in got], self.rank, f"{what} before {pending}" if pending else what)
+        self._release_agreed([g[1] for g in got])
 
     def trim(self) -> int:
         """Give segments without live data back to the device on every rank; returns bytes released.
-        Collective: all ranks."""
+        Memory that a tensor still covers on any rank (freed, but referenced) stays. Collective: all ranks."""
+        self.collect("trim")
         segments = self.alloc.trimmable()
         desc = [(s.offset, s.size) for s in segments]
-        got = self.group.allgather((desc, self.symmetry.token("trim()")), "trim")
-        self.symmetry.compare([g[1] for g in got], self.rank, "trim")
+        pinned = self._pinned_segments(desc)
+        got = self.group.allgather((desc, pinned, self.symmetry.token("trim()")), "trim")
+        self.symmetry.compare([g[2] for g in got], self.rank, "trim")
         diverged = [p for p, g in enumerate(got) if g[0] != desc]
         if diverged:
             raise SymmetryError(f"trim: ranks {diverged} hold different free segments than rank {self.rank}; "
                                 "the ranks' allocations have diverged")
-        for offset, size in desc:
-            self._drop_peer_range(offset, offset + size)
+        keep = set().union(*(g[1] for g in got))
+        segments = [s for s in segments if s.offset not in keep]
+        for s in segments:
+            self._drop_peer_range(s.offset, s.offset + s.size)
         self.alloc.release(segments)
         self.stats["trims"] += 1
-        return sum(size for _, size in desc)
+        return sum(s.size for s in segments)
 
-    def _drop_peer_range(self, lo: int, hi: int, peers: Optional[List[int]] = None) -> None:
-        """Unmap and release every peer segment that starts in [lo, hi)."""
-        for p in self.peers if peers is None else peers:
-            for offset in [o for o in self._imports[p] if lo <= o < hi]:
-                handle, size = self._imports[p].pop(offset)
-                self.driver.unmap(self._peer_va[p] + offset, size)
-                self.driver.release(handle)
-
-    # -- importing memory allocated elsewhere -------------------------------
-    def _retain_runs(self, ranges):
-        """Per (ptr, nbytes): (ptr, start, end) of the run of whole VMM pages holding it, None where
-        any part is not VMM memory; and pages, base -> [size, handle, an address in it], each retained once (a page
-        under two tensors costs one driver call). The caller takes handles with _take and releases
-        the rest with _release_pages."""
-        pages, bases, runs = {}, [], []
-        try:
-            for ptr, nbytes in ranges:
-                at, start, end = ptr, None, None
-                while nbytes and at < ptr + nbytes:
-                    i = bisect.bisect_right(bases, at) - 1
-                    if i < 0 or at >= bases[i] + pages[bases[i]][0]:
-                        found = self.driver.retain(at)
-                        if found is None:
-                            break
-                        handle, base, size = found
-                        pages[base] = [size, handle, at]
-                        i = bisect.bisect_left(bases, base)
-                        bases.insert(i, base)
-                    base, size = bases[i], pages[bases[i]][0]
-                    if not base <= at < base + size or (end is not None and base != end):
-                        break  # not one contiguous run of whole pages
-                    start, end, at = base if start is None else start, base + size, base + size
-                runs.append((ptr, start, end) if nbytes and at >= ptr + nbytes else None)
-        except BaseException:
-            self._release_pages(pages)
-            raise
-        return runs, pages
-
-    def _take(self, pages, base: int):
-        """A reference to the page at base that the caller now owns: the one _retain_runs holds the
-        first time, a new one after (a page mapped into two regions is released twice)."""
-        entry = pages[base]
-        if entry[1] is None:
-            return self.driver.retain(entry[2])[0]
-        handle, entry[1] = entry[1], None
-        return handle
-
-    def _release_pages(self, pages) -> None:
-        for entry in pages.values():
-            if entry[1] is not None:
-                self.driver.release(entry[1])
-                entry[1] = None
-
-    @staticmethod
-    def _groups(runs):
-        """Indices of the tensors every rank can map, grouped to share one region: neighbours in
-        rank 0's memory whose pages touch, at the same distances on every rank (a model's weights,
-        allocated in the same order everywhere, become a few groups)."""
-        ok = [i for i in range(len(runs[0])) if all(r[i] is not None for r in runs)]
-        groups, ends = [], []
-        for i in sorted(ok, key=lambda i: runs[0][i][0]):
-            if groups:
-                j = groups[-1][0]
-                if all(r[i][1] <= e and r[i][0] - r[j][0] == runs[0][i][0] - runs[0][j][0] for r, e in zip(runs, ends)):
-                    groups[-1].append(i)
-                    ends = [max(e, r[i][2]) for r, e in zip(runs, ends)]
-                    continue
-            groups.append([i])
-            ends = [r[i][2] for r in runs]
-        return groups
-
-    def adopt(self, ranges, metas, call: str) -> List[Optional[int]]:
-        """Map the memory behind each (ptr, nbytes) into the heap so that each tensor sits at one
-        offset on every rank, and share it with peers. metas name the tensors (ranks must agree).
-        Returns each offset, None where some rank cannot map it (nothing mapped; the caller copies).
-        Tensors that neighbour each other share a region, so a page under two of them is mapped
-        and exported once. One allgather and one exchange for the batch. Collective."""
-        g = self.alloc.chunk
-        runs, pages = self._retain_runs(ranges)
-        offsets, adopted, segments = [None] * len(ranges), [], []
-        try:
-            got = self.group.allgather((runs, metas), "as_symmetric")
-            if any(m != metas for _, m in got):
-                raise SymmetryError(f"{call}: ranks import different tensors: {[m for _, m in got]}")
-            everyone = [r for r, _ in got]
-            for group in self._groups(everyone):
-                first = group[0]
-                layouts = [(r[first][0] - r[first][1], max(r[i][2] for i in group) - r[first][1]) for r in everyone]
-                if len({lead % g for lead, _ in layouts}) > 1:
-                    continue  # the tensors sit at different places in their pages: no common offset
-                top = max(lead for lead, _ in layouts)  # every rank's first tensor lands at region + top
-                span = round_up(max(top - lead + total for lead, total in layouts), g)
-                ptr, start, _ = runs[first]
-                end, parts = max(runs[i][2] for i in group), []
-                try:
-                    base = start
-                    while base < end:
-                        parts.append((top - (ptr - start) + base - start, pages[base][0], self._take(pages, base)))
-                        base += pages[base][0]
-                    region, segs = self.alloc.adopt(parts, span)
-                except BaseException:
-                    for _, _, handle in parts:
-                        self.driver.release(handle)
-                    raise
-                adopted.append((region, segs))
-                segments += segs
-                self._regions[region] = [span, len(group)]
-                for i in group:
-                    off = region + top + runs[i][0] - ptr
-                    offsets[i] = off
-                    self._adopted.setdefault(off, [region, 0])[1] += 1
-        except BaseException:
-            self._undo_adopted(adopted)
-            raise
-        finally:
-            self._release_pages(pages)
-        if segments:
-            self._grow(len(segments), [r for r, _ in adopted], segments, call, lambda: self._undo_adopted(adopted))
-        self.symmetry.record(call)
-        return offsets
-
-    def _undo_adopted(self, adopted) -> None:
-        for region, segs in adopted:
-            self.alloc.undo(region, segs)
-            self._regions.pop(region, None)
-            for off in [o for o, (r, _) in self._adopted.items() if r == region]:
-                del self._adopted[off]
-
-    def is_adopted(self, offset: int) -> bool:
-        """Whether offset holds a tensor that as_symmetric mapped without copying."""
-        return offset in self._adopted
+    def _pinned_segments(self, desc):
+        """Offsets of the segments in desc that a freed-but-referenced block overlaps on this rank."""
+        out = set()
+        for lo, n in self.pinned_ranges():
+            out.update(off for off, size in desc if off < lo + max(n, 1) and lo < off + size)
+        return sorted(out)
 
     # -- views -------------------------------------------------------------
-    def tensor(self, offset: int, shape, dtype: torch.dtype, rank: Optional[int] = None) -> torch.Tensor:
-        """The tensor at offset in rank's heap as seen from this process (default: our own)."""
-        n = torch.Size(shape).numel() * dtype.itemsize
-        view = self.views[self.rank if rank is None else rank]
-        return view[offset:offset + n].view(dtype).view(shape)
+    def tensor(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A view of the imported tensor at offset (as_symmetric)."""
+        block = self._import_blocks[offset]
+        return tensor_at(self.bases[self.rank] + offset, torch.Size(shape), dtype, self.device, Owner(self, block))
+
+    def block_of(self, t: torch.Tensor):
+        """(the live block t's storage was made over, t's byte offset in the heap); raises if there is none."""
+        start = t.untyped_storage().data_ptr() - self.bases[self.rank]
+        block = self._at.get(start) or self._import_blocks.get(start)
+        if block is None or t.device != self.device:
+            offset = self.offset_of(t)  # names a tensor that is not on the heap at all
+            raise ValueError(f"the tensor at heap offset {offset} belongs to no live allocation: it was freed "
+                             "already (by ctx.free, scope() or garbage collection)")
+        return block, start + t.storage_offset() * t.element_size()
+
+    def peer_tensor(self, t: torch.Tensor, rank: int) -> torch.Tensor:
+        """rank's copy of heap tensor t, mapped in this process, with t's shape and strides."""
+        block = self.block_of(t)[0]
+        n = block.nbytes // t.element_size()
+        base = tensor_at(self.bases[rank] + block.offset, torch.Size((n,)), t.dtype, self.device, Owner(self, block))
+        return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
     @staticmethod
     def address(t: torch.Tensor) -> int:
@@ -386,18 +195,28 @@ class SymmetricHeap:
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
-        """Unmap peers, release memory, leave the group; idempotent. Collective when peers are alive."""
+        """Leave the group; unmap peers and release memory now, or, while tensors over the heap are
+        still alive, when the last of them goes. Idempotent. Collective when peers are alive."""
         if self.closed:
             return
         self.closed = True
+        self._queued.clear()
         try:
             self.group.barrier("close")
         except (BootstrapError, OSError):
             pass  # a peer is gone: still release what this rank holds
         try:
+            if self._alive:
+                self._teardown_pending = True
+            else:
+                self._teardown()
+        finally:
+            self.group.close()
+
+    def _teardown(self) -> None:
+        try:
             self._drop_peer_range(0, self.size)
             self._peer_blocks.close()  # peer reservations, or peer blocks opened once
             self.alloc.close()
         finally:
-            self.views, self.heap_bases = None, None
-            self.group.close()
+            self.heap_bases = None

@@ -21,24 +21,39 @@ def mode_from_env() -> str:
     return mode
 
 
+def _text(call) -> str:
+    return call if isinstance(call, str) else f"{call[0]}({', '.join(map(str, call[1:]))})"
+
+
 class SymmetryCheck:
     """The digest of one rank's collective calls, and the comparison of every rank's."""
 
     def __init__(self, mode: str):
         self.mode, self.calls, self.last = mode, 0, "none yet"
         self._digest = hashlib.blake2b(digest_size=16)
+        self._unhashed = []  # calls since the last token: hashed there, off the allocation path
 
-    def record(self, call: str) -> None:
+    def record(self, call) -> None:
+        """call: a string, or a tuple (name, *args) formatted only when hashed."""
         if self.mode != "off":
-            self.calls += 1
-            self.last = call
-            self._digest.update(call.encode())
+            self._unhashed.append(call)
+            if len(self._unhashed) >= 1024:
+                self._flush()
+
+    def _flush(self) -> None:
+        # one repr per batch; batches end at the same call on every rank that made the same calls
+        self._digest.update(repr(self._unhashed).encode())
+        self.calls += len(self._unhashed)
+        self.last = _text(self._unhashed[-1])
+        self._unhashed.clear()
 
     def token(self, pending: str = ""):
         """What this rank sends at a collective point (None when the check is off)."""
         if self.mode == "off":
             return None
-        return self.calls, self._digest.hexdigest(), self.last, pending
+        if self._unhashed:
+            self._flush()
+        return self.calls, self._digest.hexdigest(), self.last, _text(pending) if pending else ""
 
     def compare(self, tokens, rank: int, where: str) -> None:
         """Raise SymmetryError if any rank's token differs from ours."""

@@ -1,20 +1,52 @@
-"""Torch tensors over raw addresses, without copying: ctypes buffers on the host, the CUDA array interface on GPUs."""
+"""Torch tensors over raw addresses, without copying: ctypes buffers on the host, the CUDA array
+interface on GPUs. torch keeps the object it made the tensor from alive exactly as long as the
+tensor's storage (frombuffer holds the buffer, as_tensor the array-interface object, and each drops
+it when the storage is freed), so an owner attached to that object learns when the last view,
+slice or dtype view over the memory is gone."""
 from __future__ import annotations
 
 import ctypes
 
 import torch
 
+# numpy type strings torch reads from __cuda_array_interface__; other dtypes (bfloat16, float8...)
+# are made as the unsigned int of their size and viewed.
+_TYPESTR = {torch.bool: "|b1", torch.uint8: "|u1", torch.int8: "|i1", torch.int16: "<i2", torch.int32: "<i4",
+            torch.int64: "<i8", torch.float16: "<f2", torch.float32: "<f4", torch.float64: "<f8",
+            torch.complex64: "<c8", torch.complex128: "<c16"}
+_UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
 
 class _CudaArray:
-    """The smallest object torch.as_tensor accepts as a view of device memory."""
+    """The smallest object torch.as_tensor accepts as a view of device memory, carrying an owner."""
 
-    def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+    __slots__ = ("__cuda_array_interface__", "owner")
+
+    def __init__(self, ptr: int, shape, typestr: str, owner):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr, "version": 2}
+        self.owner = owner
+
+
+def tensor_at(ptr: int, shape: torch.Size, dtype: torch.dtype, device: torch.device, owner=None) -> torch.Tensor:
+    """A contiguous tensor of shape and dtype at ptr on device, made in one step; owner (any object)
+    lives exactly as long as the tensor's storage."""
+    numel = shape.numel()
+    if device.type == "cpu":
+        if numel == 0:  # frombuffer refuses empty buffers: an empty slice of a one-byte one
+            buf = (ctypes.c_uint8 * 1).from_address(ptr)
+            buf.owner = owner
+            return torch.frombuffer(buf, dtype=torch.uint8)[:0].view(dtype).view(shape)
+        buf = (ctypes.c_uint8 * (numel * dtype.itemsize)).from_address(ptr)
+        buf.owner = owner
+        t = torch.frombuffer(buf, dtype=dtype)
+        return t if len(shape) == 1 else t.view(shape)
+    typestr = _TYPESTR.get(dtype)
+    if typestr is None:
+        t = torch.as_tensor(_CudaArray(ptr, tuple(shape), _UINT[dtype.itemsize], owner), device=device)
+        return t.view(dtype)
+    return torch.as_tensor(_CudaArray(ptr, tuple(shape), typestr, owner), device=device)
 
 
 def bytes_at(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
     """A uint8 tensor aliasing [ptr, ptr + nbytes) on device."""
-    if device.type == "cpu":
-        return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), dtype=torch.uint8)
-    return torch.as_tensor(_CudaArray(ptr, nbytes), device=device)
+    return tensor_at(ptr, torch.Size((nbytes,)), torch.uint8, device)

@@ -1,0 +1,140 @@
+"""Imports: mapping memory allocated elsewhere (PyTorch's expandable segments, cuMem pools, shared
+memory) into the heap without a copy, and sharing it with peers."""
+from __future__ import annotations
+
+import bisect
+from typing import List, Optional
+
+from ..allocators.offsets import round_up
+from ..errors import SymmetryError
+from .lifetime import Block
+
+
+class Imports:
+    """The SymmetricHeap's as_symmetric machinery: retain, group, map, exchange."""
+
+    def _retain_runs(self, ranges):
+        """Per (ptr, nbytes): (ptr, start, end) of the run of whole VMM pages holding it, None where
+        any part is not VMM memory; and pages, base -> [size, handle, an address in it], each retained once (a page
+        under two tensors costs one driver call). The caller takes handles with _take and releases
+        the rest with _release_pages."""
+        pages, bases, runs = {}, [], []
+        try:
+            for ptr, nbytes in ranges:
+                at, start, end = ptr, None, None
+                while nbytes and at < ptr + nbytes:
+                    i = bisect.bisect_right(bases, at) - 1
+                    if i < 0 or at >= bases[i] + pages[bases[i]][0]:
+                        found = self.driver.retain(at)
+                        if found is None:
+                            break
+                        handle, base, size = found
+                        pages[base] = [size, handle, at]
+                        i = bisect.bisect_left(bases, base)
+                        bases.insert(i, base)
+                    base, size = bases[i], pages[bases[i]][0]
+                    if not base <= at < base + size or (end is not None and base != end):
+                        break  # not one contiguous run of whole pages
+                    start, end, at = base if start is None else start, base + size, base + size
+                runs.append((ptr, start, end) if nbytes and at >= ptr + nbytes else None)
+        except BaseException:
+            self._release_pages(pages)
+            raise
+        return runs, pages
+
+    def _take(self, pages, base: int):
+        """A reference to the page at base that the caller now owns: the one _retain_runs holds the
+        first time, a new one after (a page mapped into two regions is released twice)."""
+        entry = pages[base]
+        if entry[1] is None:
+            return self.driver.retain(entry[2])[0]
+        handle, entry[1] = entry[1], None
+        return handle
+
+    def _release_pages(self, pages) -> None:
+        for entry in pages.values():
+            if entry[1] is not None:
+                self.driver.release(entry[1])
+                entry[1] = None
+
+    @staticmethod
+    def _groups(runs):
+        """Indices of the tensors every rank can map, grouped to share one region: neighbours in
+        rank 0's memory whose pages touch, at the same distances on every rank (a model's weights,
+        allocated in the same order everywhere, become a few groups)."""
+        ok = [i for i in range(len(runs[0])) if all(r[i] is not None for r in runs)]
+        groups, ends = [], []
+        for i in sorted(ok, key=lambda i: runs[0][i][0]):
+            if groups:
+                j = groups[-1][0]
+                if all(r[i][1] <= e and r[i][0] - r[j][0] == runs[0][i][0] - runs[0][j][0] for r, e in zip(runs, ends)):
+                    groups[-1].append(i)
+                    ends = [max(e, r[i][2]) for r, e in zip(runs, ends)]
+                    continue
+            groups.append([i])
+            ends = [r[i][2] for r in runs]
+        return groups
+
+    def adopt(self, ranges, metas, call: str) -> List[Optional[int]]:
+        """Map the memory behind each (ptr, nbytes) into the heap so that each tensor sits at one
+        offset on every rank, and share it with peers. metas name the tensors (ranks must agree).
+        Returns each offset, None where some rank cannot map it (nothing mapped; the caller copies).
+        Tensors that neighbour each other share a region, so a page under two of them is mapped
+        and exported once. One allgather and one exchange for the batch. Collective."""
+        g = self.alloc.chunk
+        runs, pages = self._retain_runs(ranges)
+        offsets, adopted, segments = [None] * len(ranges), [], []
+        try:
+            got = self.group.allgather((runs, metas), "as_symmetric")
+            if any(m != metas for _, m in got):
+                raise SymmetryError(f"{call}: ranks import different tensors: {[m for _, m in got]}")
+            everyone = [r for r, _ in got]
+            for group in self._groups(everyone):
+                first = group[0]
+                layouts = [(r[first][0] - r[first][1], max(r[i][2] for i in group) - r[first][1]) for r in everyone]
+                if len({lead % g for lead, _ in layouts}) > 1:
+                    continue  # the tensors sit at different places in their pages: no common offset
+                top = max(lead for lead, _ in layouts)  # every rank's first tensor lands at region + top
+                span = round_up(max(top - lead + total for lead, total in layouts), g)
+                ptr, start, _ = runs[first]
+                end, parts = max(runs[i][2] for i in group), []
+                try:
+                    base = start
+                    while base < end:
+                        parts.append((top - (ptr - start) + base - start, pages[base][0], self._take(pages, base)))
+                        base += pages[base][0]
+                    region, segs = self.alloc.adopt(parts, span)
+                except BaseException:
+                    for _, _, handle in parts:
+                        self.driver.release(handle)
+                    raise
+                adopted.append((region, segs))
+                segments += segs
+                self._regions[region] = [span, len(group)]
+                for i in group:
+                    off = region + top + runs[i][0] - ptr
+                    offsets[i] = off
+                    self._adopted.setdefault(off, [region, 0])[1] += 1
+                    if off not in self._import_blocks:
+                        self._import_blocks[off] = Block(off, ranges[i][1], -1, gc=False)
+        except BaseException:
+            self._undo_adopted(adopted)
+            raise
+        finally:
+            self._release_pages(pages)
+        if segments:
+            self._grow(len(segments), [r for r, _ in adopted], segments, call, lambda: self._undo_adopted(adopted))
+        self.symmetry.record(call)
+        return offsets
+
+    def _undo_adopted(self, adopted) -> None:
+        for region, segs in adopted:
+            self.alloc.undo(region, segs)
+            self._regions.pop(region, None)
+            for off in [o for o, (r, _) in self._adopted.items() if r == region]:
+                del self._adopted[off]
+                self._import_blocks.pop(off, None)
+
+    def is_adopted(self, offset: int) -> bool:
+        """Whether offset holds a tensor that as_symmetric mapped without copying."""
+        return offset in self._adopted

@@ -1,0 +1,108 @@
+"""Lifetimes: which heap blocks still have tensors, and freeing the ones that died on every rank.
+
+Each tensor the heap makes owns an Owner through its storage (see views.py); when the last
+storage over a block goes, the block is queued on this rank. Queues are compared at collective
+points (growth, barrier, trim, close, ctx.collect()): a block is released when it is queued on
+every rank, all ranks in one order, so offsets never depend on when Python collected garbage.
+A block freed explicitly while a tensor still covers it stays mapped (trim skips it) until that
+tensor goes; after close the mappings stay until the last tensor goes.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+
+class Block:
+    """One allocation, from allocate to its release."""
+
+    __slots__ = ("offset", "nbytes", "serial", "tensors", "freed", "gc")
+
+    def __init__(self, offset: int, nbytes: int, serial: int, gc: bool = True):
+        self.offset, self.nbytes, self.serial, self.gc = offset, nbytes, serial, gc
+        self.tensors, self.freed = 0, False
+
+
+class Owner:
+    """Lives as long as one tensor storage over a block; counts itself in and out."""
+
+    __slots__ = ("heap", "block")
+
+    def __init__(self, heap, block: Block):
+        self.heap, self.block = heap, block
+        block.tensors += 1
+        heap._alive += 1
+
+    def __del__(self):
+        try:
+            self.heap._tensor_died(self.block)
+        except Exception:  # interpreter shutdown: nothing left to tell
+            pass
+
+
+class Lifetimes:
+    """The SymmetricHeap's part that tracks blocks, their tensors and the garbage queue."""
+
+    def _init_lifetimes(self) -> None:
+        self._serial = 0                      # collective allocations so far: the same on every rank
+        self._at: Dict[int, Block] = {}       # offset -> live block made by allocate
+        self._live: Dict[int, Block] = {}     # serial -> the same blocks, in allocation order
+        self._queued: Dict[int, Block] = {}   # serial -> block whose last tensor died here
+        self._pinned: Dict[int, Block] = {}   # serial -> freed block that tensors still cover
+        self._alive = 0                       # owners alive, over every block (and peer views)
+        self._teardown_pending = False
+
+    def _tensor_died(self, block: Block) -> None:
+        """An Owner's finalizer: only bookkeeping (no driver call, no collective), as it may run
+        anywhere Python drops a tensor."""
+        block.tensors -= 1
+        self._alive -= 1
+        if not block.tensors:
+            if block.freed:
+                self._pinned.pop(block.serial, None)
+            elif block.gc and not self.closed:
+                self._queued[block.serial] = block
+        if not self._alive and self._teardown_pending:
+            self._teardown_pending = False
+            self._teardown()
+
+    def _queue(self) -> List[int]:
+        return sorted(self._queued)
+
+    def _release_agreed(self, queues) -> int:
+        """Release the blocks queued on every rank (queues: each rank's list), in serial order;
+        returns the bytes released. Every rank computes the same set from the same lists."""
+        common = set(queues[0]).intersection(*queues[1:]) if queues else set()
+        released = 0
+        for serial in sorted(common):
+            block = self._queued.pop(serial)
+            released += block.nbytes
+            self._forget(block)
+        self.stats["collected"] += len(common)
+        return released
+
+    def _forget(self, block: Block) -> None:
+        """Give a block's offset back to the policy (freed explicitly or agreed garbage)."""
+        del self._at[block.offset], self._live[block.serial]
+        block.freed = True
+        self._queued.pop(block.serial, None)
+        if block.tensors:
+            self._pinned[block.serial] = block
+        self.alloc.free(block.offset)
+
+    def collect(self, what: str = "collect") -> int:
+        """Release blocks whose last tensor died on every rank; returns bytes released.
+        Collective: all ranks."""
+        return self._release_agreed(self.group.allgather(self._queue(), what))
+
+    def offsets_since(self, mark: int) -> List[int]:
+        """Offsets of live blocks allocated at or after serial mark, in allocation order."""
+        out = []
+        for serial in reversed(self._live):
+            if serial < mark:
+                break
+            out.append(self._live[serial].offset)
+        return out[::-1]
+
+    def pinned_ranges(self):
+        """(offset, nbytes) of freed blocks that a tensor still covers: trim leaves them mapped."""
+        return [(b.offset, b.nbytes) for b in self._pinned.values()]

@@ -1,0 +1,161 @@
+"""PeerMaps: the SymmetricHeap's view of every peer's memory: opening a plain block once, mapping
+each peer's new segments in one batched exchange per growth, dropping them again."""
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+from typing import List, Optional
+
+from ..errors import HeapOutOfMemory, SymmetryError
+from ..platform import IpcHandle
+
+
+def _close_all(fds) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _runs(layout):
+    """Contiguous (start, end) runs of sorted (offset, size) pieces: access is set per mapped run."""
+    runs = []
+    for off, size in sorted(layout):
+        if runs and runs[-1][1] == off:
+            runs[-1][1] = off + size
+        else:
+            runs.append([off, off + size])
+    return runs
+
+
+class PeerMaps:
+    """Peer views: a VMM heap maps each peer's segments into a reserved range of the same size; a
+    plain block is opened once through IPC."""
+
+    def _open_peer_blocks(self, undo: ExitStack) -> None:
+        """Open each peer's block once: by its VMM handles where it has them (torch's memory with
+        expandable_segments:True, which legacy IPC cannot open; shared memory on the host), else by IPC."""
+        runs, pages = self._retain_runs([(self.alloc.base, self.size)])
+        if runs[0] is not None:
+            ptr, start, _ = runs[0]
+            parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
+            self.stats["peers_opened_by"] = "vmm handles"
+            return self._map_peer_blocks(parts, ptr - start, undo)
+        self._release_pages(pages)
+        self.stats["peers_opened_by"] = "ipc"
+        mine = self.driver.ipc_export(self.alloc.base, self.size)
+        own_fds = [mine.fd] if mine.fd is not None else []
+        try:
+            objs, fds = self.group.exchange((mine.data, mine.offset, mine.size), own_fds, "heap ipc open")
+        finally:
+            _close_all(own_fds)
+        for p in self.peers:
+            data, offset, size = objs[p]
+            try:
+                ptr = self.driver.ipc_open(IpcHandle(data, offset, size, fds[p][0] if fds[p] else None))
+            finally:
+                _close_all(fds[p])
+            undo.callback(self.driver.ipc_close, ptr, size)
+            self._peer_va[p] = ptr
+
+    def _map_peer_blocks(self, parts, lead: int, undo: ExitStack) -> None:
+        d = self.driver
+        own = [d.export(h) for _, _, h in parts]
+        for _, _, h in parts:
+            d.release(h)  # torch's own mapping keeps the memory alive
+        try:
+            objs, fds = self.group.exchange((lead, [(rel, size) for rel, size, _ in parts]), own, "heap vmm open")
+        finally:
+            _close_all(own)
+        try:
+            for p in self.peers:
+                peer_lead, layout = objs[p]
+                total = layout[-1][0] + layout[-1][1]
+                va = d.reserve(total)
+                undo.callback(d.free_va, va, total)
+                for (rel, size), fd in zip(layout, fds[p]):
+                    handle = d.import_(fd)
+                    undo.callback(d.release, handle)
+                    d.map(va + rel, size, handle)
+                    undo.callback(d.unmap, va + rel, size)
+                d.set_access(va, total)
+                self._peer_va[p] = va + peer_lead
+        finally:
+            _close_all(fd for p in self.peers for fd in fds[p])
+
+    def _grow(self, nbytes: int, offset, new, call: str, undo_new) -> None:
+        """One batched exchange: every rank's new segments, mapped into each peer's view.
+
+        Ranks agree on (nbytes, offset); each maps a peer's memory by that peer's own segment list.
+        undo_new takes this rank's part back when a peer could not do its own. The exchange also
+        carries each rank's garbage queue: blocks queued everywhere are released here."""
+        desc = None if new is None else (nbytes, offset)
+        own = [self.driver.export(s.handle) for s in new or ()]
+        layout = [(s.offset, s.size) for s in new or ()]
+        try:
+            objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout, self._queue()), own,
+                                            "heap growth")
+        finally:
+            _close_all(own)
+        self.stats["exchanges"] += 1
+        received = [fd for p in self.peers for fd in fds[p]]
+        try:
+            self._release_agreed([o[3] for o in objs])
+        except BaseException:
+            _close_all(received)
+            raise
+        objs, tokens, layouts = [o[0] for o in objs], [o[1] for o in objs], [o[2] for o in objs]
+        try:
+            if desc is None:
+                return
+            try:
+                self.symmetry.compare(tokens, self.rank, "a heap growth")
+            except SymmetryError:
+                undo_new()
+                raise
+            failed = [p for p in self.peers if objs[p] is None]
+            diverged = [p for p in self.peers if objs[p] is not None and objs[p] != desc]
+            if failed or diverged:
+                undo_new()
+                if failed:
+                    raise HeapOutOfMemory(nbytes, self.alloc.offsets.free_bytes, self.size,
+                                          f"Ranks {failed} could not back it: their devices are out of memory. "
+                                          "Free tensors and call ctx.trim() on every rank.")
+                raise SymmetryError(f"rank {self.rank} allocated {nbytes} bytes at offset {offset}, but ranks "
+                                    f"{diverged} made a different allocation ({[objs[p] for p in diverged]}); every "
+                                    "rank must allocate the same sizes in the same order")
+            with ExitStack() as undo:
+                for p in self.peers:
+                    for (off, size), fd in zip(layouts[p], fds[p]):
+                        self._import(p, off, size, fd, undo)
+                    for lo, hi in _runs(layouts[p]):
+                        self.driver.set_access(self._peer_va[p] + lo, hi - lo)
+                undo.pop_all()
+            self.stats["growths"] += 1
+        finally:
+            _close_all(received)
+
+    def _import(self, peer: int, offset: int, size: int, fd: int, undo: ExitStack) -> None:
+        d, va = self.driver, self._peer_va[peer] + offset
+        handle = d.import_(fd)
+        undo.callback(d.release, handle)
+        d.map(va, size, handle)
+        undo.callback(d.unmap, va, size)
+        self._imports[peer][offset] = (handle, size)
+        self._import_starts[peer].add(offset)
+        undo.callback(self._forget_import, peer, offset)
+
+    def _forget_import(self, peer: int, offset: int):
+        self._import_starts[peer].remove(offset)
+        return self._imports[peer].pop(offset)
+
+    def _drop_peer_range(self, lo: int, hi: int, peers: Optional[List[int]] = None) -> None:
+        """Unmap and release every peer segment that starts in [lo, hi)."""
+        for p in self.peers if peers is None else peers:
+            starts = []
+            for offset in self._import_starts[p].irange(lo):
+                if offset >= hi:
+                    break
+                starts.append(offset)
+            for offset in starts:
+                handle, size = self._forget_import(p, offset)
+                self.driver.unmap(self._peer_va[p] + offset, size)
+                self.driver.release(handle)

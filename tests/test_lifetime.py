@@ -1,0 +1,285 @@
+"""Lifetimes: tensors that free themselves by agreement, use after close, and the bad-input bugs
+of free and trim. Real ranks on the host driver (and on GPUs where present)."""
+import gc
+import os
+import random
+
+import pytest
+import torch
+
+import iris
+
+ALLOCATORS = ["torch", "vmem"]
+
+
+def _usage():
+    with open("/proc/self/maps") as f:
+        lines = f.readlines()
+    heap = sum(1 for line in lines if "memfd:iris" in line or "/dev/shm/torch" in line)
+    return len(os.listdir("/proc/self/fd")), len(lines), heap
+
+
+def rank_random_gc(allocator, seed):
+    """One program on every rank (the same allocations and collective points, from a shared
+    seed); each rank drops its references at its own random later moment, in its own order,
+    sometimes keeping a slice alive longer. Every live tensor carries a value that names it,
+    checked at the end: a block released while a rank still used it would be overwritten."""
+    ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
+    program, timing = random.Random(seed), random.Random(seed * 1000 + ctx.get_rank())
+    held, dying, offsets, k = {}, [], [], 0
+    for step in range(160):
+        op = program.random()
+        if op < 0.55:
+            k += 1
+            t = ctx.full((program.randint(1, 3000),), float(k), dtype=torch.float32)
+            held[k] = t
+            offsets.append(ctx.heap.offset_of(t))
+        elif op < 0.8 and held:
+            victim = program.choice(sorted(held))  # the program is done with it on every rank...
+            t = held.pop(victim)
+            keep = t[1:] if timing.random() < 0.3 else t  # ...but a slice may outlive it
+            del t
+            dying.append([keep, step + timing.randint(0, 12)])  # ...and each rank lets go later
+            del keep
+        elif op < 0.88:
+            ctx.collect()
+        elif op < 0.93:
+            ctx.barrier()
+        timing.shuffle(dying)  # those due go in this rank's own order
+        while any(d[1] <= step for d in dying):
+            del dying[next(i for i, d in enumerate(dying) if d[1] <= step)]
+    dying.clear()
+    ok = all(bool((t == float(i)).all()) for i, t in held.items())
+    collected_before = ctx.heap.stats["collected"]
+    ctx.collect()
+    reused = len(ctx.heap.alloc.offsets.live) == len(held) + 1  # the held ones and the barrier flags
+    state = (sorted(ctx.heap.alloc.offsets.live.items()), ctx.heap.alloc.offsets.free_blocks())
+    ctx.close()
+    return offsets, ok, state, collected_before, reused
+
+
+def rank_each_allocator(fn, *args):
+    """fn on both allocators in one job: half the processes to start."""
+    return [fn(allocator, *args) for allocator in ALLOCATORS]
+
+
+def test_random_gc_timing_keeps_offsets_symmetric():
+    job = iris.spawn(rank_each_allocator, 3, args=(rank_random_gc, 4))
+    for out in ([rank[i] for rank in job] for i in range(len(ALLOCATORS))):
+        for r, (offsets, ok, state, collected, reused) in enumerate(out):
+            assert ok, f"rank {r}: a live tensor was overwritten"
+            assert offsets == out[0][0], f"rank {r} handed out different offsets than rank 0"
+            assert state == out[0][2], f"rank {r}'s heap state differs from rank 0's"
+            assert collected > 0 and reused, f"rank {r}: dropped blocks were not all released ({collected} collected)"
+
+
+def rank_agreement(allocator):
+    ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
+    r = ctx.get_rank()
+    x = ctx.full((1000,), 3.0)
+    where = ctx.heap.offset_of(x)
+    if r == 0:
+        del x  # only rank 0 is done with it: the block must wait for the others
+    first = ctx.collect()
+    y = ctx.full((1000,), 4.0)
+    if r != 0:
+        del x
+    early = ctx.heap.offset_of(y)  # not yet released anywhere, so not reused
+    ctx.barrier()  # a collective point: now every rank has queued x's block
+    z = ctx.full((1000,), 5.0)
+    after = ctx.heap.offset_of(z)
+    ok = bool((y == 4.0).all()) and bool((z == 5.0).all())
+    ctx.close()
+    return first, early != where, after == where, ok
+
+
+def test_block_waits_until_every_rank_dropped_it():
+    out = iris.spawn(rank_each_allocator, 2, args=(rank_agreement,))
+    for r, (first, not_early, reused, ok) in enumerate(res for rank in out for res in rank):
+        assert first == 0, f"rank {r}: a block queued on one rank only was released"
+        assert not_early and reused and ok, f"rank {r}: reuse did not wait for the collective point"
+
+
+def rank_explicit_and_gc_mix():
+    ctx = iris.iris(heap_size=1 << 22, allocator="vmem")
+    r = ctx.get_rank()
+    with ctx.scope():
+        a = ctx.full((500,), 1.0)
+        escaped = ctx.full((500,), 2.0)
+        if r == 0:
+            del a  # queued on rank 0 only; the scope then frees it explicitly on every rank
+    frees = ctx.heap.stats["frees"]
+    del escaped  # freed by the scope already: its death must not free it again
+    gc.collect()
+    ctx.collect()
+    again = ctx.full((500,), 3.0)
+    b = ctx.full((500,), 4.0)
+    state = sorted(ctx.heap.alloc.offsets.live.items())
+    ok = bool((again == 3.0).all()) and bool((b == 4.0).all())
+    queued = dict(ctx.heap._queued)
+    ctx.close()
+    return frees, ctx.heap.stats["frees"], state, ok, len(queued)
+
+
+def test_explicit_free_and_scope_mix_with_gc():
+    out = iris.spawn(rank_explicit_and_gc_mix, 2)
+    for r, (frees, frees_end, state, ok, queued) in enumerate(out):
+        assert frees == frees_end == 2 and ok and queued == 0, out[r]
+        assert state == out[0][2]
+
+
+def rank_use_after_close(allocator):
+    ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
+    ctx.barrier()
+    gc.collect()
+    base = _usage()
+    ctx2 = iris.iris(heap_size=1 << 22, allocator=allocator)
+    r, w = ctx2.get_rank(), ctx2.get_num_ranks()
+    x = ctx2.full((1 << 16,), float(r + 1))
+    row = x.view(256, 256)[3]
+    pv = ctx2.peer_view(x, (r + 1) % w)
+    ctx2.barrier()
+    ctx2.close()
+    del ctx2, x
+    gc.collect()
+    row.fill_(7.0)  # own memory, after close
+    seen = float(pv[5])  # the next rank's memory, after close (it wrote r + 2 there, or 7 in row 3)
+    held = _usage()
+    del row, pv
+    gc.collect()
+    end = _usage()
+    ctx.close()
+    return base, held, end, seen
+
+
+def test_tensors_stay_valid_after_close_and_then_go():
+    out = iris.spawn(rank_each_allocator, 2, args=(rank_use_after_close,))
+    for r, (base, held, end, seen) in ((r, res) for r, rank in enumerate(out) for res in rank):
+        assert seen == float((r + 1) % 2 + 1), f"rank {r} read {seen} through a peer view after close"
+        assert held[2] > base[2], "the heap's mappings went while tensors still covered them"
+        assert end[0] == base[0], f"rank {r}: fds {base[0]} -> {end[0]} after the last tensor went"
+        assert end[2] == base[2], f"rank {r}: heap mappings {base[2]} -> {end[2]}"
+
+
+def test_double_free_of_an_import_raises_and_keeps_user_memory():
+    with iris.iris(heap_size=1 << 26, allocator="vmem") as ctx:
+        store = torch.empty(2 << 20, dtype=torch.float32).share_memory_()
+        a, b = store[:1 << 20], store[1 << 20:]
+        a.fill_(3.0)
+        b.fill_(5.0)
+        h = ctx.as_symmetric([a, b])
+        assert ctx.is_zero_copy(h[0]) and ctx.is_zero_copy(h[1])
+        ctx.free(h[0])
+        with pytest.raises(ValueError, match="freed already"):
+            ctx.free(h[0])
+        fresh = [ctx.full((1 << 20,), -1.0) for _ in range(4)]  # best fit: the region first, were it freed
+        assert bool((a == 3.0).all()) and bool((b == 5.0).all()), "an allocation overwrote the user's memory"
+        assert all(bool((f == -1.0).all()) for f in fresh)
+        ctx.free(h[1])
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_free_of_a_slice_raises_and_frees_nothing(allocator):
+    with iris.iris(heap_size=1 << 22, allocator=allocator) as ctx:
+        b = ctx.full((1000,), 2.0)
+        with pytest.raises(ValueError, match="covers its whole block"):
+            ctx.free(b[:10])
+        with pytest.raises(ValueError, match="covers its whole block"):
+            ctx.free(b[10:])
+        c = ctx.full((1000,), 9.0)  # must not alias b
+        assert bool((b == 2.0).all()) and bool((c == 9.0).all())
+        ctx.free(b.view(torch.int32))  # a view of all of it is the whole block
+        with pytest.raises(ValueError, match="freed already"):
+            ctx.free(b)
+
+
+def rank_trim_under_a_tensor():
+    ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
+    x = ctx.full((3 << 20,), 1.0)  # 12 MiB: several chunks of their own
+    ctx.free(x)  # freed, but x is still referenced
+    first = ctx.trim()
+    x.fill_(2.0)  # before the fix: the chunks were unmapped, and this segfaulted
+    ok = bool((x == 2.0).all())
+    del x
+    gc.collect()
+    second = ctx.trim()  # now nothing covers them
+    ctx.close()
+    return first, second, ok
+
+
+def test_trim_never_unmaps_memory_under_a_live_tensor():
+    for first, second, ok in iris.spawn(rank_trim_under_a_tensor, 2):
+        assert ok and first < (12 << 20) <= second, (first, second)
+
+
+# -- GPUs ---------------------------------------------------------------------------------------
+def rank_gpu_after_close(allocator):
+    torch.cuda.init()
+    ctx = iris.iris(heap_size=1 << 30, allocator=allocator)
+    r = ctx.get_rank()
+    x = ctx.full((1 << 20,), float(r + 1))
+    pv = ctx.peer_view(x, (r + 1) % ctx.get_num_ranks())
+    ctx.barrier()
+    ctx.close()
+    x.mul_(3.0)
+    torch.cuda.synchronize()
+    got = (float(x.sum()), float(pv[7]))
+    free1 = torch.cuda.mem_get_info()[0]
+    del x, pv
+    gc.collect()
+    torch.cuda.synchronize()
+    free2 = torch.cuda.mem_get_info()[0]
+    return got, free1, free2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_gpu_tensors_stay_valid_after_close(allocator):
+    for r, ((total, peer), free1, free2) in enumerate(iris.spawn(rank_gpu_after_close, 2, args=(allocator,))):
+        assert total == 3.0 * (r + 1) * (1 << 20) and peer in (1.0, 2.0, 3.0, 6.0), (total, peer)
+        if allocator == "vmem":
+            assert free2 > free1, "the heap's memory did not go back after its last tensor"
+
+
+def rank_gpu_capture(allocator):
+    ctx = iris.iris(heap_size=1 << 34, allocator=allocator)
+    warm = ctx.empty(64 << 20, dtype=torch.uint8)  # backs the memory the captured allocations use
+    ctx.free(warm)
+    src = torch.arange(1 << 20, device=ctx.get_device(), dtype=torch.float32)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside capture, as torch asks
+        (src * 2).sum()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    exchanges = ctx.heap.stats["exchanges"]
+    with torch.cuda.graph(g):
+        y = ctx.empty(1 << 20, dtype=torch.float32)
+        z = ctx.zeros(1 << 20, dtype=torch.float32)
+        y.copy_(src * 2)
+        z.add_(y)
+    assert ctx.heap.stats["exchanges"] == exchanges
+    y.fill_(-1.0)  # poison; replay must overwrite it
+    z.fill_(-1.0)
+    g.replay()
+    torch.cuda.synchronize()
+    ok = torch.equal(y, src * 2) and torch.equal(z, src * 2)
+    error = ""
+    if allocator == "vmem":
+        g2 = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g2):
+                ctx.empty(1 << 33, dtype=torch.uint8)  # 8 GiB: beyond what is backed
+        except iris.IrisError as e:
+            error = str(e)
+    ctx.close()
+    return ok, error
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_gpu_allocation_inside_graph_capture(allocator):
+    for ok, error in iris.spawn(rank_gpu_capture, 2, args=(allocator,)):
+        assert ok, "captured allocations did not replay correctly"
+        if allocator == "vmem":
+            assert "capture" in error and "before capture" in error, error
