@@ -13,6 +13,7 @@ from . import distributed
 from .allocators import ALLOCATORS
 from .heap import SymmetricHeap
 from .platform import get_driver
+from .validate import ClosedHeap, heap_tensor, request
 
 ALIGN = 256
 
@@ -26,6 +27,8 @@ def _shape(size) -> torch.Size:
             raise TypeError(f"sizes must be ints, got {type(s).__name__} {s!r} in {tuple(size)}")
         if s < 0:
             raise ValueError(f"negative dimension {s} in size {tuple(size)}")
+        if s >= 1 << 63:
+            raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
     return torch.Size(size)
 
 
@@ -66,8 +69,8 @@ class Iris:
             # device_barrier's flags: allocated first, so no scope() or free can take them
             self._barrier_flags = self.zeros(self.world + 1, dtype=torch.int64)
             self.barrier()  # every rank's flags are zero before any rank signals into them
-        except BaseException:
-            self.group.close()
+        except BaseException as e:
+            self.group.abort(f"creating the heap: {type(e).__name__}: {e}")  # the others learn why
             raise
 
     # -- who and where -----------------------------------------------------
@@ -110,7 +113,7 @@ class Iris:
 
     def free(self, t: torch.Tensor) -> None:
         """Give t's block back for reuse. Collective: all ranks free the same tensors in the same order."""
-        offset = self.heap.offset_of(t)
+        offset = self.heap.offset_of(heap_tensor(t, "free"))
         self.heap.free(offset)
         keys = self._imported_at.get(offset)
         if keys:  # forget the import this was (one of those at this offset, its shape and dtype first)
@@ -127,8 +130,7 @@ class Iris:
     def _made(self, size, dtype, device, out, requires_grad, fill=None) -> torch.Tensor:
         """A new heap tensor (or out, checked), filled outside autograd, then requires_grad as asked."""
         self._check_device(device)
-        shape = _shape(size)
-        dtype = dtype or torch.get_default_dtype()
+        shape, dtype = request(size, dtype, requires_grad, _shape)
         if out is not None:
             if not self.is_symmetric(out) or out.shape != shape or out.dtype != dtype:
                 raise ValueError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
@@ -318,6 +320,7 @@ class Iris:
         if getattr(self, "heap", None) is not None:
             self.heap.close()
             self._imported, self._imported_at = {}, {}
+            self.heap = ClosedHeap()  # any later use raises ContextClosed
 
     def __enter__(self) -> "Iris":
         return self

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, List, Tuple
@@ -36,6 +37,9 @@ class VMemAllocator:
         g = driver.granularity()
         self.chunk = round_up(max(chunk_size, g), g)
         self.size = round_up(heap_size, self.chunk)
+        if self.size != heap_size:
+            warnings.warn(f"heap_size={heap_size} is not a multiple of the {self.chunk}-byte chunk: "
+                          f"rounded up to {self.size}", stacklevel=4)
         self.base = driver.reserve(self.size)
         self.offsets = Offsets(self.size)
         self.segments: List[Segment] = []   # address order
