@@ -10,6 +10,7 @@ import torch
 
 from ..errors import BootstrapError, HeapOutOfMemory, SymmetryError
 from ..allocators.offsets import round_up
+from ..device.translate import bases_tensor
 from ..platform import IpcHandle
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import bytes_at
@@ -53,7 +54,7 @@ class SymmetricHeap:
             else:
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
-            self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=device)
+            self.heap_bases = bases_tensor(self.bases, self.size, device)  # hidden entries for IRIS_DEBUG
             self.views = [bytes_at(b, self.size, device) for b in self.bases]
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
         self.closed = False
