@@ -55,6 +55,7 @@ class Iris:
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout)
         self.rank, self.world = self.group.rank, self.group.world
+        alloc = None
         try:
             index = self.rank % self.driver.device_count()
             self.driver.set_device(index)
@@ -71,6 +72,9 @@ class Iris:
             self.barrier()  # every rank's flags are zero before any rank signals into them
         except BaseException as e:
             self.group.abort(f"creating the heap: {type(e).__name__}: {e}")  # the others learn why
+            made = self.heap if hasattr(self, "heap") else alloc  # release what this rank made
+            if made is not None:
+                made.close()
             raise
 
     # -- who and where -----------------------------------------------------
@@ -318,9 +322,11 @@ class Iris:
     def close(self) -> None:
         """Release the heap and leave the job; idempotent. Collective while peers are alive."""
         if getattr(self, "heap", None) is not None:
-            self.heap.close()
-            self._imported, self._imported_at = {}, {}
-            self.heap = ClosedHeap()  # any later use raises ContextClosed
+            try:
+                self.heap.close()
+            finally:
+                self._imported, self._imported_at = {}, {}
+                self.heap = ClosedHeap()  # any later use raises ContextClosed
 
     def __enter__(self) -> "Iris":
         return self

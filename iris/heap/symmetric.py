@@ -391,8 +391,11 @@ class SymmetricHeap:
         if self.closed:
             return
         self.closed = True
+        diverged = None
         try:
-            self.group.barrier("close")
+            self.check_symmetry(what="close")  # compares digests, as every collective point does
+        except SymmetryError as e:
+            diverged = e  # raised once this rank's memory is released
         except (BootstrapError, OSError):
             pass  # a peer is gone: still release what this rank holds
         try:
@@ -402,3 +405,5 @@ class SymmetricHeap:
         finally:
             self.views, self.heap_bases = None, None
             self.group.close()
+        if diverged is not None:
+            raise diverged
