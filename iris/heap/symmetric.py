@@ -391,11 +391,11 @@ class SymmetricHeap:
         if self.closed:
             return
         self.closed = True
-        diverged = None
+        diverged, reported = None, self.symmetry.reported
         try:
             self.check_symmetry(what="close")  # compares digests, as every collective point does
         except SymmetryError as e:
-            diverged = e  # raised once this rank's memory is released
+            diverged = None if reported else e  # raised once this rank's memory is released
         except (BootstrapError, OSError):
             pass  # a peer is gone: still release what this rank holds
         try:

@@ -33,6 +33,7 @@ class SymmetryCheck:
         self.mode, self.calls, self.last = mode, 0, "none yet"
         self._digest = hashlib.blake2b(digest_size=16)
         self.agreed, self.since = 0, []  # call count at the last agreement, and calls after it
+        self.reported = False  # a divergence was raised here already (close() does not raise it again)
 
     def record(self, call: str) -> None:
         if self.mode != "off":
@@ -57,6 +58,7 @@ class SymmetryCheck:
         if all(t[:3] == mine[:3] for _, t in live):
             self.agreed, self.since = self.calls, []
             return
+        self.reported = True
         lines = [f"rank {p}: {t[0]} collective calls, {self._first_divergent(t, live)}"
                  + (f", now {t[2]}" if t[2] else "") for p, t in live]
         raise SymmetryError(
