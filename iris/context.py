@@ -18,6 +18,7 @@ from .host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .heap import SymmetricHeap
 from .platform import get_driver
+from .validate import ClosedHeap, heap_tensor, request
 
 ALIGN = 256
 
@@ -36,6 +37,8 @@ def _shape(size) -> torch.Size:
             raise TypeError(f"sizes must be ints, got {type(s).__name__} {s!r} in {tuple(size)}")
         if s < 0:
             raise ValueError(f"negative dimension {s} in size {tuple(size)}")
+        if s >= 1 << 63:
+            raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
     return torch.Size(size)
 
 
@@ -68,6 +71,7 @@ class Iris:
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout)
         self.rank, self.world = self.group.rank, self.group.world
+        alloc = None
         try:
             index = self.rank % self.driver.device_count()
             self.driver.set_device(index)
@@ -80,6 +84,9 @@ class Iris:
             total, self._reserve = heap_size + reserve, reserve
             alloc = (ALLOCATORS[name](self.driver, total) if name == "vmem"
                      else ALLOCATORS[name](self.driver, total, self.device))
+            if name == "vmem" and heap_size % alloc.chunk:
+                warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.chunk}-byte chunk: rounded up; "
+                              f"the heap holds {alloc.size - reserve} bytes", stacklevel=2)
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
             self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
@@ -88,8 +95,11 @@ class Iris:
             self._barrier_flags = self._internal_flags(self.world + 1, torch.int64)
             self._device_context = None
             self.barrier()  # every rank's flags are zero before any rank signals into them
-        except BaseException:
-            self.group.close()
+        except BaseException as e:
+            self.group.abort(f"creating the heap: {type(e).__name__}: {e}")  # the others learn why
+            made = self.heap if hasattr(self, "heap") else alloc  # release what this rank made
+            if made is not None:
+                made.close()
             raise
 
     def _internal_flags(self, count: int, dtype: torch.dtype) -> torch.Tensor:
@@ -193,7 +203,7 @@ class Iris:
         order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
         freeing a block twice raises. Tensors that are simply dropped are freed at the next
         collective point instead (see collect)."""
-        block, offset = self.heap.block_of(t)
+        block, offset = self.heap.block_of(heap_tensor(t, "free"))
         nbytes = t.numel() * t.element_size()
         if offset != block.offset or nbytes != block.nbytes:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
@@ -225,8 +235,7 @@ class Iris:
         """A new heap tensor (or out, checked), filled outside autograd, then requires_grad as asked."""
         if device is not None:
             self._check_device(device)
-        shape = _shape(size)
-        dtype = dtype or torch.get_default_dtype()
+        shape, dtype = request(size, dtype, requires_grad, _shape)
         if out is not None:
             if not self.is_symmetric(out) or out.shape != shape or out.dtype != dtype:
                 raise ValueError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
@@ -451,7 +460,10 @@ class Iris:
             self._imported, self._imported_at = {}, {}
             for own in ("_internal", "_barrier_flags"):  # the context's own tensors must not hold the memory
                 self.__dict__.pop(own, None)
-            self.heap.close()
+            try:
+                self.heap.close()
+            finally:
+                self.heap = ClosedHeap()  # any later use raises ContextClosed
 
     def __enter__(self) -> "Iris":
         return self

@@ -9,7 +9,7 @@ class DriverError(IrisError, RuntimeError):
     """A driver call failed; names the call and the driver's code."""
 
     def __init__(self, call: str, code, detail: str = "", oom: bool = False):
-        self.call, self.code, self.oom = call, code, oom
+        self.call, self.code, self.oom, self.detail = call, code, oom, detail
         msg = f"{call} failed with {code}"
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
@@ -37,3 +37,7 @@ class SymmetryError(IrisError, RuntimeError):
 
 class CaptureError(IrisError, RuntimeError):
     """An allocation during CUDA graph capture needed the heap to grow, which capture forbids."""
+
+
+class ContextClosed(IrisError, RuntimeError):
+    """A call on a context after close()."""

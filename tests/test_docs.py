@@ -1,7 +1,9 @@
 """Every ```python block in docs/*.md runs, on the host driver, as the docs say it does.
 
 A block whose first line is `# ranks: N` is a script for `python -m iris.run -n N`; any other
-block runs alone in a fresh interpreter. Blocks are the documentation's promises, so each one
+block runs alone in a fresh interpreter. A block with the line `# prints: the text block above`
+must print that ```text block (compared with whitespace collapsed), so shown output cannot drift
+from what iris prints. Blocks are the documentation's promises, so each one
 asserts what it shows; a block that only illustrates belongs in a ```text fence instead.
 """
 import os
@@ -16,10 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 RANKS = re.compile(r"\A#\s*ranks:\s*(\d+)\s*$", re.M)
+TEXT = re.compile(r"^```text[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+PRINTS = "# prints: the text block above"
 
 
 def blocks():
-    """(id, code, ranks) for every python block of every page, in page order."""
+    """(id, code, ranks, expected output) for every python block of every page, in page order."""
     out = []
     for page in sorted(DOCS.glob("*.md")):
         text = page.read_text()
@@ -27,7 +31,10 @@ def blocks():
             code = m.group(1)
             line = text[:m.start()].count("\n") + 1
             found = RANKS.match(code)
-            out.append(pytest.param(code, int(found.group(1)) if found else 0, id=f"{page.name}:{line}"))
+            shown = [t.group(1) for t in TEXT.finditer(text, 0, m.start())]
+            expect = shown[-1] if PRINTS in code and shown else None
+            assert PRINTS not in code or expect, f"{page.name}:{line} promises a text block above and has none"
+            out.append(pytest.param(code, int(found.group(1)) if found else 0, expect, id=f"{page.name}:{line}"))
     return out
 
 
@@ -37,8 +44,8 @@ def test_docs_exist_and_have_code():
     assert len(blocks()) >= 10
 
 
-@pytest.mark.parametrize("code,ranks", blocks())
-def test_block_runs(code, ranks, tmp_path):
+@pytest.mark.parametrize("code,ranks,expect", blocks())
+def test_block_runs(code, ranks, expect, tmp_path):
     script = tmp_path / "block.py"
     script.write_text(code)
     env = {k: v for k, v in os.environ.items() if k not in ("IRIS_ALLOCATOR", "IRIS_CHECK_SYMMETRY")}
@@ -47,3 +54,6 @@ def test_block_runs(code, ranks, tmp_path):
     cmd = [sys.executable, "-m", "iris.run", "-n", str(ranks), str(script)] if ranks else [sys.executable, str(script)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"exit {proc.returncode}\n--- code ---\n{code}\n--- output ---\n{proc.stdout}{proc.stderr}"
+    if expect is not None:
+        assert " ".join(expect.split()) in " ".join(proc.stdout.split()), \
+            f"the page shows\n{expect}\nbut the block printed\n{proc.stdout}"

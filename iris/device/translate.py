@@ -1,6 +1,60 @@
-"""Pointer translation between the ranks' mappings of the symmetric heap."""
+"""Pointer translation between the ranks' mappings of the symmetric heap, and its debug checks.
+
+IRIS_DEBUG=1 (read when iris is imported) compiles a check into every device function: the ranks
+lie in [0, world) and the pointer lies inside the caller's heap. Off by default, and then the check
+is not in the compiled kernel at all (DEBUG is a constexpr). The kernel learns world and the heap
+size from three hidden int64 entries just before heap_bases[0] (see bases_tensor), so no device
+function's signature changes; pass ctx.get_heap_bases() itself, not a copy.
+"""
+import os
+
+import torch
 import triton
 import triton.language as tl
+
+DEBUG: tl.constexpr = tl.constexpr(os.environ.get("IRIS_DEBUG", "0").strip() not in ("", "0"))
+_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+MAGIC: tl.constexpr = tl.constexpr(0x1215DEB6)
+HIDDEN = 3  # MAGIC, heap size, world: at heap_bases[-3], [-2], [-1]
+if DEBUG:
+    os.environ.setdefault("TRITON_DEBUG", "1")  # device_assert is compiled in only when Triton debugs
+
+
+def bases_tensor(bases, size: int, device) -> torch.Tensor:
+    """heap_bases as kernels get it: one int64 per rank, preceded in memory by the hidden entries."""
+    full = torch.tensor([MAGIC.value, size, len(bases), *bases], dtype=torch.int64, device=device)
+    return full[HIDDEN:]
+
+
+@triton.jit
+def _fail_unless(ok, msg: tl.constexpr):
+    # device_assert is compiled out by Triton's interpreter, whose static_assert checks at run time.
+    if _INTERPRETED:
+        tl.static_assert(ok, msg)
+    else:
+        tl.device_assert(ok, msg)
+
+
+@triton.jit
+def _check(ptr, from_rank, to_rank, heap_bases):
+    """Debug mode: the ranks are in [0, world) and every pointer's element lies in from_rank's heap."""
+    ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
+    _fail_unless(tl.load(heap_bases - 3) == MAGIC, "iris debug: heap_bases is not ctx.get_heap_bases() (a copy?)")
+    size = tl.load(heap_bases - 2)
+    world = tl.load(heap_bases - 1)
+    ranks_ok = (from_rank >= 0) & (from_rank < world) & (to_rank >= 0) & (to_rank < world)
+    ranks_ok = tl.min((ranks_ok | tl.full([1], 0, tl.int1)).to(tl.int32), axis=None)
+    if ranks_ok == 0:
+        tl.device_print("iris debug: a rank outside [0, world): world, from_rank, to_rank =", world, from_rank,
+                        to_rank)
+    _fail_unless(ranks_ok != 0, "iris debug: a rank outside [0, world) (printed above)")
+    offset = ptr.to(tl.int64) - tl.load(heap_bases + from_rank)
+    inside = (offset >= 0) & (offset + ELEM <= size)
+    first_bad = tl.min(tl.where(inside, 1 << 62, offset) | tl.full([1], 0, tl.int64), axis=None)
+    if first_bad != 1 << 62:
+        tl.device_print("iris debug: a pointer outside the heap: rank, byte offset, heap size =", from_rank,
+                        first_bad, size)
+    _fail_unless(first_bad == 1 << 62, "iris debug: a pointer outside the caller's heap (printed above)")
 
 
 @triton.jit
@@ -8,6 +62,8 @@ def _translate(ptr, from_rank, to_rank, heap_bases):
     # The bases are arbitrary 64-bit addresses and their difference may be negative; it is added
     # in whole elements so that ptr keeps its type. Heap bases are at least 256-byte aligned, and
     # telling the compiler the offset is a multiple of 16 bytes keeps 128-bit accesses.
+    if DEBUG:
+        _check(ptr, from_rank, to_rank, heap_bases)
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # int1 is stored in a byte
     delta = tl.load(heap_bases + to_rank) - tl.load(heap_bases + from_rank)
     if ELEM > 1:

@@ -6,7 +6,6 @@ torch.distributed or MPI, rank 0 makes them and shares them through the job's ow
 from __future__ import annotations
 
 import atexit
-import itertools
 import json
 import os
 import secrets
@@ -19,7 +18,11 @@ from ..errors import BootstrapError
 from .group import Group
 
 DEFAULT_TIMEOUT = 120.0
-_seq = itertools.count()  # agrees across ranks because group creation is collective
+# One rendezvous per job, reused by every group formation: a rank that gave up on one formation
+# (a timeout, a failure before it connected) meets the others at the next, whatever each rank's
+# history. Formations never overlap: each is collective and closes its listener before it returns.
+_SOCKET = "rendezvous.sock"
+_published = None  # (path, secret) that rank 0 shared over torch.distributed or MPI
 _private_dir = None
 
 
@@ -37,25 +40,26 @@ def private_dir() -> str:
 
 
 def timeout_from_env(timeout: float | None) -> float:
-    value = timeout if timeout is not None else float(os.environ.get("IRIS_TIMEOUT", DEFAULT_TIMEOUT))
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {value!r}")
-    return float(value)
+    from ..validate import timeout_seconds
+    return timeout_seconds(timeout, os.environ.get("IRIS_TIMEOUT"), DEFAULT_TIMEOUT)
 
 
-def _from_launcher(seq, timeout):
+def _from_launcher(timeout):
     rank, world = int(os.environ["IRIS_RANK"]), int(os.environ["IRIS_WORLD_SIZE"])
-    path = os.path.join(os.environ["IRIS_SOCKET_DIR"], f"g{seq}.sock")
+    path = os.path.join(os.environ["IRIS_SOCKET_DIR"], _SOCKET)
     return Group(rank, world, path, os.environ["IRIS_JOB_SECRET"], timeout)
 
 
-def _from_torch(seq, timeout):
+def _from_torch(timeout):
+    global _published
     import torch.distributed as dist
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()
-    key = f"iris/rendezvous/{seq}"
-    if rank == 0:
-        info = {"path": os.path.join(private_dir(), f"g{seq}.sock"), "secret": job_secret()}
+    key = "iris/rendezvous"
+    if _published is not None:
+        info = _published
+    elif rank == 0:
+        info = {"path": os.path.join(private_dir(), _SOCKET), "secret": job_secret()}
         store.set(key, json.dumps(info))
     else:
         try:
@@ -63,16 +67,20 @@ def _from_torch(seq, timeout):
         except Exception as e:  # the store raises its own error types on timeout
             raise BootstrapError(f"rank {rank}: rank 0 did not publish the rendezvous within {timeout:.1f} s ({e})", [0]) from None
         info = json.loads(store.get(key))
+    _published = info
     return Group(rank, world, info["path"], info["secret"], timeout)
 
 
-def _from_mpi(seq, timeout):
+def _from_mpi(timeout):
+    global _published
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
+    if _published is not None:
+        return Group(rank, world, _published["path"], _published["secret"], timeout)
     buf = bytearray(1024)  # nonblocking broadcast, so a missing rank 0 times out instead of hanging
     if rank == 0:
-        info = json.dumps({"path": os.path.join(private_dir(), f"g{seq}.sock"), "secret": job_secret()}).encode()
+        info = json.dumps({"path": os.path.join(private_dir(), _SOCKET), "secret": job_secret()}).encode()
         buf[:len(info)] = info
     request, deadline = comm.Ibcast(buf, root=0), time.monotonic() + timeout
     while not request.Test():
@@ -80,7 +88,7 @@ def _from_mpi(seq, timeout):
             request.Cancel()
             raise BootstrapError(f"rank {rank}: rank 0 did not publish the rendezvous over MPI within {timeout:.1f} s", [0])
         time.sleep(0.001)
-    info = json.loads(bytes(buf).rstrip(b"\0"))
+    info = _published = json.loads(bytes(buf).rstrip(b"\0"))
     return Group(rank, world, info["path"], info["secret"], timeout)
 
 
@@ -95,9 +103,8 @@ def _mpi_env() -> bool:
 def connect(timeout: float | None = None) -> Group:
     """Form the Group of this job's ranks. Collective: all ranks."""
     timeout = timeout_from_env(timeout)
-    seq = next(_seq)
     if "IRIS_SOCKET_DIR" in os.environ:
-        return _from_launcher(seq, timeout)
+        return _from_launcher(timeout)
     try:
         import torch.distributed as dist
         initialized = dist.is_available() and dist.is_initialized()
@@ -107,7 +114,7 @@ def connect(timeout: float | None = None) -> Group:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
         initialized = True
     if initialized:
-        return _from_torch(seq, timeout)
+        return _from_torch(timeout)
     if _mpi_env():
-        return _from_mpi(seq, timeout)
+        return _from_mpi(timeout)
     return Group(0, 1, "", "", timeout)

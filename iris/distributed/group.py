@@ -1,14 +1,19 @@
 """A job's private rendezvous: ranks meet over AF_UNIX in a 0700 directory, fds travel by SCM_RIGHTS.
 
-Star-shaped: every rank keeps one connection to rank 0, which gathers and broadcasts. A peer
-must present the job's secret (and run as our uid) before it is answered. Every wait has a
-deadline and a timeout names the ranks that did not arrive.
+Star-shaped: every rank keeps one connection to rank 0, which gathers and broadcasts. Nothing is
+unpickled before the peer is authenticated: rank 0 checks the peer's uid (SO_PEERCRED), then both
+sides prove they hold the job's secret with an HMAC over fresh nonces, in fixed-size frames. The
+handshakes are served concurrently, each with a short deadline, so a silent or hostile client
+cannot hold up the job. Every wait has a deadline; a timeout or a departure names the ranks, and
+once a peer is gone every later collective raises the same BootstrapError.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import pickle
+import secrets
 import select
 import socket
 import struct
@@ -18,7 +23,16 @@ from typing import Any, List, Sequence, Tuple
 from ..errors import BootstrapError, SymmetryError
 
 _HEADER = struct.Struct("!QI")
-_FDS_PER_MSG = 250  # under the kernel's SCM_MAX_FD (253)
+MAX_FRAME = 1 << 30      # bytes in one message from an authenticated peer; larger is refused unread
+MAX_FDS = 1 << 20
+_FDS_PER_MSG = 250       # under the kernel's SCM_MAX_FD (253)
+_NONCE = 32
+_HELLO = struct.Struct(f"!i{_NONCE}s32s")  # rank, client nonce, HMAC(secret, challenge, rank)
+HANDSHAKE_S = 5.0        # how long one connecting client may take to prove itself
+
+
+def _mac(secret: str, *parts: bytes) -> bytes:
+    return hmac.new(secret.encode(), b"".join(parts), hashlib.sha256).digest()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -39,7 +53,10 @@ def send_msg(sock: socket.socket, obj: Any, fds: Sequence[int] = ()) -> None:
 
 
 def recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
+    """One message from an authenticated peer (only those are ever read with this)."""
     size, nfds = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if size > MAX_FRAME or nfds > MAX_FDS:
+        raise ConnectionResetError(f"peer sent a frame of {size} bytes and {nfds} fds, over the limit")
     obj = pickle.loads(_recv_exact(sock, size))
     fds: List[int] = []
     while len(fds) < nfds:
@@ -59,6 +76,8 @@ class Group:
         self.rank, self.world, self.timeout = rank, world, timeout
         self._peers: dict[int, socket.socket] = {}
         self._root: socket.socket | None = None
+        self._broken: tuple | None = None  # (message, missing, kind) once a peer is gone
+        self._closed = False
         if world == 1:
             return
         if rank == 0:
@@ -70,30 +89,30 @@ class Group:
     def _accept(self, path: str, secret: str) -> None:
         deadline = time.monotonic() + self.timeout
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        pending: dict[socket.socket, list] = {}  # client -> [deadline, bytes so far, challenge]
         try:
+            try:
+                os.unlink(path)  # left by a rank 0 that died (the directory is the job's own)
+            except FileNotFoundError:
+                pass
             listener.bind(path)
             os.chmod(path, 0o600)
-            listener.listen(self.world)
+            listener.listen(max(16, 2 * self.world))
             while len(self._peers) < self.world - 1:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([listener], [], [], left)[0]:
+                now = time.monotonic()
+                for conn in [c for c, st in pending.items() if st[0] <= now]:
+                    pending.pop(conn).close()  # too slow to prove itself: not one of ours
+                if now >= deadline:
                     break
-                conn, _ = listener.accept()
-                conn.settimeout(max(0.1, deadline - time.monotonic()))
-                try:
-                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-                    (peer_rank, token), _ = recv_msg(conn)
-                except (OSError, ValueError, pickle.UnpicklingError):
-                    conn.close()
-                    continue
-                uid = struct.unpack("3i", creds)[1]
-                ok = (uid == os.getuid() and isinstance(token, str) and hmac.compare_digest(token, secret)
-                      and isinstance(peer_rank, int) and 0 < peer_rank < self.world and peer_rank not in self._peers)
-                if not ok:
-                    conn.close()  # not of this job: it learns nothing
-                    continue
-                self._peers[peer_rank] = conn
+                wait = min([deadline - now] + [st[0] - now for st in pending.values()])
+                for conn in select.select([listener, *pending], [], [], wait)[0]:
+                    if conn is listener:
+                        self._greet(listener, pending)
+                    else:
+                        self._hear(conn, pending, secret)
         finally:
+            for conn in pending:
+                conn.close()
             listener.close()
             try:
                 os.unlink(path)
@@ -103,30 +122,91 @@ class Group:
         if missing:
             self._fail(f"ranks {missing} of {self.world} did not arrive within {self.timeout:.1f} s "
                        "(did every rank call iris.iris()? raise the timeout with IRIS_TIMEOUT)", missing)
-        for conn in self._peers.values():
-            send_msg(conn, ("ok", None))
+        for r, conn in self._peers.items():
+            self._send(conn, ("ok", None), (), r, "joining the group")
+
+    def _greet(self, listener, pending) -> None:
+        """A new client: same uid as ours, then a challenge it must answer within HANDSHAKE_S."""
+        conn, _ = listener.accept()
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            if struct.unpack("3i", creds)[1] != os.getuid():
+                raise ConnectionRefusedError("another user")
+            conn.setblocking(False)
+            challenge = secrets.token_bytes(_NONCE)
+            if conn.send(challenge) != _NONCE:
+                raise ConnectionRefusedError("short send")
+        except OSError:
+            conn.close()
+            return
+        pending[conn] = [time.monotonic() + min(HANDSHAKE_S, self.timeout), b"", challenge]
+
+    def _hear(self, conn, pending, secret: str) -> None:
+        """More of a client's fixed-size answer; once complete, it joins or is dropped."""
+        state = pending[conn]
+        try:
+            part = conn.recv(_HELLO.size - len(state[1]))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            part = b""
+        if not part:
+            pending.pop(conn).close()
+            return
+        state[1] += part
+        if len(state[1]) < _HELLO.size:
+            return
+        del pending[conn]
+        rank, nonce, mac = _HELLO.unpack(state[1])
+        ok = (hmac.compare_digest(mac, _mac(secret, b"join", state[2], struct.pack("!i", rank)))
+              and 0 < rank < self.world and rank not in self._peers)
+        if not ok:
+            conn.close()  # not of this job, or a rank already here: it learns nothing
+            return
+        try:
+            conn.setblocking(True)
+            conn.settimeout(min(HANDSHAKE_S, self.timeout))
+            conn.sendall(_mac(secret, b"root", nonce, state[2]))
+        except OSError:
+            conn.close()
+            return
+        self._peers[rank] = conn
 
     def _connect(self, path: str, secret: str) -> None:
         deadline = time.monotonic() + self.timeout
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
+                sock.settimeout(max(0.1, min(HANDSHAKE_S, deadline - time.monotonic())))
                 sock.connect(path)
+                challenge = _recv_exact(sock, _NONCE)
                 break
-            except (FileNotFoundError, ConnectionRefusedError):
+            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, socket.timeout):
+                sock.close()  # no rendezvous yet, or one that ended before we were heard: try again
                 if time.monotonic() > deadline:
-                    sock.close()
                     raise BootstrapError(f"rank {self.rank}: rank 0 did not arrive within {self.timeout:.1f} s "
                                          f"(no rendezvous at {path}); did rank 0 call iris.iris()?", [0]) from None
                 time.sleep(0.01)
+        nonce = secrets.token_bytes(_NONCE)
+        try:
+            sock.sendall(_HELLO.pack(self.rank, nonce, _mac(secret, b"join", challenge, struct.pack("!i", self.rank))))
+            proof = _recv_exact(sock, 32)
+        except OSError:
+            sock.close()
+            raise BootstrapError(f"rank {self.rank}: rank 0 refused this rank at {path}: another process joined "
+                                 f"as rank {self.rank}, or this rank holds another job's secret", [0]) from None
+        if not hmac.compare_digest(proof, _mac(secret, b"root", nonce, challenge)):
+            sock.close()
+            raise BootstrapError(f"rank {self.rank}: the process listening at {path} does not hold this job's "
+                                 "secret; start every rank with one launcher", [0])
         self._root = sock
-        send_msg(sock, (self.rank, secret))
         self._answer("joining the group")
 
     # -- collectives -------------------------------------------------------
     def exchange(self, obj: Any, fds: Sequence[int] = (), what: str = "exchange"):
-        """Every rank's object and fds. Collective. fds from peers are new fds the caller owns;
-        the caller's own entry holds its own fds, not copies."""
+        """Every rank's object and fds. Collective: all ranks, same order, same sizes. fds from
+        peers are new fds the caller owns; the caller's own entry holds its own fds, not copies."""
+        self._check(what)
         if self.world == 1:
             return [obj], [list(fds)]
         if self.rank != 0:
@@ -145,9 +225,10 @@ class Group:
                 try:
                     self._peers[r].settimeout(max(0.1, deadline - time.monotonic()))
                     (tag, objs[r]), all_fds[r] = recv_msg(self._peers[r])
-                except (OSError, EOFError, ConnectionResetError):
-                    self._peers.pop(r).close()
+                except (OSError, EOFError, pickle.UnpicklingError, ValueError):
                     self._fail(f"rank {r} left the job during {what}", [r])
+                if tag == "abort":
+                    self._fail(f"rank {r} failed during {what}: {objs[r]}", [r])
                 if tag != what:
                     self._fail(f"rank {r} is at {tag} while rank 0 is at {what}: the ranks' collective calls "
                                "diverged (same calls, same order, same sizes on every rank)", [r], SymmetryError)
@@ -159,14 +240,42 @@ class Group:
         return objs, all_fds
 
     def allgather(self, obj: Any, what: str = "allgather") -> list:
-        """Every rank's object, in rank order. Collective."""
+        """Every rank's object, in rank order. Collective: all ranks, same order."""
         return self.exchange(obj, (), what)[0]
 
     def barrier(self, what: str = "barrier") -> None:
-        """Returns once every rank arrived. Collective."""
+        """Returns once every rank arrived. Collective: all ranks, same order."""
         self.exchange(None, (), what)
 
+    def abort(self, reason: str) -> None:
+        """Leave the job after a local failure, telling the others why (instead of just vanishing)."""
+        if self._closed or self.world == 1:
+            return self.close()
+        message = f"rank {self.rank} failed: {reason}"
+        if self.rank == 0:
+            self._broadcast_error(message, [0], BootstrapError)
+        else:
+            try:
+                self._root.settimeout(1.0)
+                send_msg(self._root, ("abort", reason))
+            except OSError:
+                pass
+        self._broken = self._broken or (message, [self.rank], BootstrapError)
+        self.close()
+
     # -- plumbing ----------------------------------------------------------
+    def _check(self, what: str) -> None:
+        if self._broken is not None:
+            message, missing, kind = self._broken
+            self._raise(f"cannot {what}: {message}", missing, kind)
+        if self._closed:
+            raise BootstrapError(f"rank {self.rank}: cannot {what}: this rank's group is closed", [])
+
+    def _raise(self, message: str, missing, kind) -> None:
+        if kind is SymmetryError:
+            raise SymmetryError(f"rank {self.rank}: {message}")
+        raise BootstrapError(f"rank {self.rank}: {message}", missing)
+
     def _split(self, objs, counts, own):
         received, at, out = self._received, 0, []
         for r, n in enumerate(counts):
@@ -182,39 +291,60 @@ class Group:
             sock.settimeout(self.timeout)
             send_msg(sock, msg, fds)
         except OSError as e:
+            if self.rank != 0:
+                self._lost(*(self._last_word() or (f"rank 0 left the job during {what} ({e})", [0])))
             self._fail(f"rank {to} left the job during {what} ({e})", [to])
 
-    def _answer(self, what: str):
+    def _answer(self, what: str, wait: float | None = None):
         # Rank 0 gives up on missing ranks after the timeout and says which they were; waiting a
         # little longer than that lets its verdict, not this rank's own clock, name them.
-        wait = self.timeout * 1.1 + 2.0
+        wait = self.timeout * 1.1 + 2.0 if wait is None else wait
         try:
             self._root.settimeout(wait)
             (tag, payload), self._received = recv_msg(self._root)
         except socket.timeout:
-            raise BootstrapError(f"rank {self.rank}: no answer from rank 0 at {what} within {wait:.1f} s; "
-                                 "rank 0 or a rank it waits for did not arrive", [0]) from None
-        except (OSError, EOFError) as e:
-            raise BootstrapError(f"rank {self.rank}: rank 0 left the job during {what} ({e})", [0]) from None
+            self._lost(f"no answer from rank 0 at {what} within {wait:.1f} s; rank 0 or a rank it waits for "
+                       "did not arrive", [0])
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError) as e:
+            self._lost(f"rank 0 left the job during {what} ({e})", [0])
         if tag == "error":
             message, missing, kind = payload
-            if kind == "SymmetryError":
-                raise SymmetryError(f"rank {self.rank}: {message}")
-            raise BootstrapError(f"rank {self.rank}: {message}", missing)
+            self._lost(message, missing, SymmetryError if kind == "SymmetryError" else BootstrapError)
         return payload
 
-    def _fail(self, message: str, missing, kind=BootstrapError) -> None:
+    def _last_word(self):
+        """The error rank 0 sent before it closed our connection, if it sent one."""
+        try:
+            self._root.settimeout(1.0)
+            (tag, payload), _ = recv_msg(self._root)
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+            return None
+        if tag != "error":
+            return None
+        message, missing, kind = payload
+        return message, missing, SymmetryError if kind == "SymmetryError" else BootstrapError
+
+    def _lost(self, message: str, missing, kind=BootstrapError) -> None:
+        """Remember why the group broke (later collectives raise it again), drop it, raise."""
+        self._broken = self._broken or (message, list(missing), kind)
+        self.close()
+        self._raise(message, missing, kind)
+
+    def _broadcast_error(self, message: str, missing, kind) -> None:
         for conn in self._peers.values():
             try:
                 conn.settimeout(1.0)
                 send_msg(conn, ("error", (message, list(missing), kind.__name__)))
             except OSError:
                 pass
-        self.close()
-        raise kind(f"rank 0: {message}") if kind is SymmetryError else kind(f"rank 0: {message}", missing)
+
+    def _fail(self, message: str, missing, kind=BootstrapError) -> None:
+        self._broadcast_error(message, missing, kind)
+        self._lost(message, missing, kind)
 
     def close(self) -> None:
         """Drop every connection; idempotent."""
+        self._closed = True
         for conn in self._peers.values():
             conn.close()
         self._peers.clear()

@@ -1,7 +1,9 @@
 """iris's own launcher: `python -m iris.run -n N script.py` and iris.spawn(fn, nprocs) for tests."""
 from __future__ import annotations
 
+import collections
 import multiprocessing as mp
+import pickle
 import os
 import queue
 import shutil
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Callable, List, Sequence
@@ -32,20 +35,41 @@ def _check_nprocs(nprocs) -> int:
     return nprocs
 
 
-def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0) -> int:
-    """Run `python argv...` as nprocs ranks; if one fails, stop the rest. Returns the job's exit code."""
+def how_it_ended(returncode: int) -> str:
+    """'exited with code 3' or 'was killed by SIGKILL'."""
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def _tee(stream, tail: collections.deque) -> None:
+    """Copy a rank's stderr to ours as it comes, keeping its last lines."""
+    for line in iter(stream.readline, b""):
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+        tail.append(line.decode(errors="replace").rstrip("\n"))
+    stream.close()
+
+
+def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int = 20) -> int:
+    """Run `python argv...` as nprocs ranks; if one fails, stop the rest and say which rank ended,
+    how, and its last lines of stderr. Returns the job's exit code (128 + signal for a killed rank)."""
     nprocs = _check_nprocs(nprocs)
     socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
-    procs = []
+    procs, tails, tees = [], [collections.deque(maxlen=tail_lines) for _ in range(nprocs)], []
     try:
         for r in range(nprocs):
             env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret))
-            procs.append(subprocess.Popen([sys.executable, *argv], env=env))
-        code = 0
+            procs.append(subprocess.Popen([sys.executable, *argv], env=env, stderr=subprocess.PIPE))
+            tees.append(threading.Thread(target=_tee, args=(procs[-1].stderr, tails[r]), daemon=True))
+            tees[-1].start()
+        failed = None
         while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed:
-                code = failed[0].returncode
+            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is not None:
                 deadline = time.monotonic() + grace
                 while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                     time.sleep(0.05)
@@ -57,7 +81,20 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0) -> int:
             time.sleep(0.05)
         for p in procs:
             p.wait()
-        return code or next((p.returncode for p in procs if p.returncode), 0)
+        for t in tees:
+            t.join(timeout=5)
+        if failed is None:
+            failed = next((r for r, p in enumerate(procs) if p.returncode), None)
+        if failed is None:
+            return 0
+        code = procs[failed].returncode
+        lines = "\n".join("  | " + line for line in tails[failed]) or "  (nothing)"
+        print(f"iris.run: rank {failed} (pid {procs[failed].pid}) {how_it_ended(code)}; the last lines of its "
+              f"stderr:\n{lines}", file=sys.stderr)
+        others = [f"rank {r} {how_it_ended(p.returncode)}" for r, p in enumerate(procs) if r != failed and p.returncode]
+        if others:
+            print("iris.run: then " + ", ".join(others), file=sys.stderr)
+        return 128 - code if code < 0 else code
     finally:
         for p in procs:
             if p.poll() is None:
@@ -68,7 +105,9 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0) -> int:
 def _child(fn, args, rank, world, socket_dir, secret, results):
     os.environ.update(job_env(rank, world, socket_dir, secret))
     try:
-        results.put((rank, True, fn(*args)))
+        value = fn(*args)
+        pickle.dumps(value)  # fails here, with a traceback, rather than silently in the queue's thread
+        results.put((rank, True, value))
     except BaseException as e:  # report every failure to the parent, then exit non-zero
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise SystemExit(1)
@@ -80,6 +119,12 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -
     fn must be importable (defined at module level). A rank that raises or dies fails the whole call.
     """
     nprocs = _check_nprocs(nprocs)
+    try:
+        pickle.dumps((fn, args))
+    except Exception as e:
+        raise TypeError(f"iris.spawn sends fn and args to fresh processes, so they must be picklable: {e}. "
+                        "Define fn at module level (not a lambda or a nested function) and pass plain data "
+                        "in args") from None
     ctx = mp.get_context("spawn")
     socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
     results = ctx.Queue()
@@ -97,21 +142,23 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -
                 continue
             except queue.Empty:
                 pass
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out
+            dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in out
                     and all(r != e[0] for e in errors)]
             if dead and results.empty():
-                time.sleep(0.2)  # a result may still be in flight
+                time.sleep(0.5)  # a result may still be in flight
                 if results.empty():
-                    errors += [(r, f"died with exit code {procs[r].exitcode}") for r in dead]
+                    errors += [(r, f"{how_it_ended(procs[r].exitcode)} without reporting a result") for r in dead]
             if time.monotonic() > deadline:
                 missing = [r for r in range(nprocs) if r not in out and all(r != e[0] for e in errors)]
-                raise BootstrapError(f"iris.spawn: ranks {missing} did not finish within {timeout:.0f} s", missing)
+                errors.sort()
+                raise BootstrapError(f"iris.spawn: ranks {missing} did not finish within {timeout:.0f} s"
+                                     + "".join(f"\nrank {r} failed: {msg}" for r, msg in errors), missing)
         if errors:
             errors.sort()
             raise RuntimeError("iris.spawn: " + "\n".join(f"rank {r} failed: {msg}" for r, msg in errors))
         return [out[r] for r in range(nprocs)]
     finally:
-        for p in procs:
+        for p in [p for p in procs if p.pid is not None]:  # those that started
             p.join(timeout=5 if not errors else 0.5)
             if p.is_alive():
                 p.kill()

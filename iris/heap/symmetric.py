@@ -8,6 +8,7 @@ import torch
 
 from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryError
 from ..allocators.sorted_ints import SortedInts
+from ..device.translate import bases_tensor
 from .imports import Imports
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
@@ -41,7 +42,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             else:
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
-            self.heap_bases = torch.tensor(self.bases, dtype=torch.int64, device=device)
+            self.heap_bases = bases_tensor(self.bases, self.size, device)  # hidden entries for IRIS_DEBUG
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
 
     # -- allocation --------------------------------------------------------
@@ -201,8 +202,11 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             return
         self.closed = True
         self._queued.clear()
+        diverged, reported = None, self.symmetry.reported
         try:
-            self.group.barrier("close")
+            self.check_symmetry(what="close")  # compares digests, as every collective point does
+        except SymmetryError as e:
+            diverged = None if reported else e  # raised once this rank's memory is released
         except (BootstrapError, OSError):
             pass  # a peer is gone: still release what this rank holds
         try:
@@ -212,6 +216,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                 self._teardown()
         finally:
             self.group.close()
+        if diverged is not None:
+            raise diverged
 
     def _teardown(self) -> None:
         try:

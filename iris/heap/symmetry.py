@@ -26,17 +26,26 @@ def _text(call) -> str:
 
 
 class SymmetryCheck:
-    """The digest of one rank's collective calls, and the comparison of every rank's."""
+    """The digest of one rank's collective calls, and the comparison of every rank's.
+
+    Since the last point where the ranks agreed, each rank also keeps its first WINDOW calls, so
+    that a divergence names each rank's own first divergent call, not merely its last one."""
+
+    WINDOW = 64
 
     def __init__(self, mode: str):
         self.mode, self.calls, self.last = mode, 0, "none yet"
         self._digest = hashlib.blake2b(digest_size=16)
+        self.agreed, self.since = 0, []  # call count at the last agreement, and calls after it
+        self.reported = False  # a divergence was raised here already (close() does not raise it again)
         self._unhashed = []  # calls since the last token: hashed there, off the allocation path
 
     def record(self, call) -> None:
         """call: a string, or a tuple (name, *args) formatted only when hashed."""
         if self.mode != "off":
             self._unhashed.append(call)
+            if len(self.since) < self.WINDOW:
+                self.since.append(call)
             if len(self._unhashed) >= 1024:
                 self._flush()
 
@@ -53,17 +62,34 @@ class SymmetryCheck:
             return None
         if self._unhashed:
             self._flush()
-        return self.calls, self._digest.hexdigest(), self.last, _text(pending) if pending else ""
+        return (self.calls, self._digest.hexdigest(), _text(pending) if pending else "", self.last, self.agreed,
+                tuple(map(_text, self.since)))
 
     def compare(self, tokens, rank: int, where: str) -> None:
-        """Raise SymmetryError if any rank's token differs from ours."""
+        """Raise SymmetryError if any rank's calls differ from ours (all ranks reach the same verdict)."""
         mine = tokens[rank]
         if mine is None:
             return
-        diverged = [p for p, t in enumerate(tokens) if t is not None and t != mine]
-        if diverged:
-            lines = [f"rank {p}: {t[0]} collective calls, last {t[2]}" + (f", now {t[3]}" if t[3] else "")
-                     for p, t in enumerate(tokens) if t is not None]
-            raise SymmetryError(
-                f"ranks diverged at {where}: every rank must allocate and free the same sizes in the same order.\n  "
-                + "\n  ".join(lines))
+        live = [(p, t) for p, t in enumerate(tokens) if t is not None]
+        if all(t[:3] == mine[:3] for _, t in live):
+            self.agreed, self.since = self.calls, []
+            return
+        self.reported = True
+        lines = [f"rank {p}: {t[0]} collective calls, {self._first_divergent(t, live)}"
+                 + (f", now {t[2]}" if t[2] else "") for p, t in live]
+        raise SymmetryError(
+            f"ranks diverged at {where}: every rank must allocate and free the same sizes in the same order.\n  "
+            + "\n  ".join(lines))
+
+    @staticmethod
+    def _first_divergent(t, live) -> str:
+        """This rank's call at the first index where the ranks' kept call lists differ."""
+        start, stop = max(u[4] for _, u in live), min(u[4] + len(u[5]) for _, u in live)
+        for i in range(start, stop):
+            if len({u[5][i - u[4]] for _, u in live}) > 1:
+                return f"call #{i + 1} was {t[5][i - t[4]]}"
+        if stop - t[4] < len(t[5]):  # the lists agree up to the shortest one: that rank stopped early
+            return f"call #{stop + 1} was {t[5][stop - t[4]]}"
+        if t[0] == stop:
+            return f"no call #{stop + 1}"
+        return f"last {t[3]}"

@@ -30,12 +30,17 @@ def get_driver(name: str | None = None) -> Driver:
     if not isinstance(name, str) or name.lower() not in PLATFORMS:
         raise ValueError(f"unknown platform {name!r}; use one of {', '.join(PLATFORMS)} (or unset IRIS_PLATFORM)")
     name = name.lower()
-    if name == "cuda":
-        from .cuda import CudaDriver
-        return CudaDriver()
-    if name == "hip":
-        from .hip import HipDriver
-        return HipDriver()
+    try:
+        if name == "cuda":
+            from .cuda import CudaDriver
+            return CudaDriver()
+        if name == "hip":
+            from .hip import HipDriver
+            return HipDriver()
+    except ImportError as e:
+        extra, package = {"cuda": ("cuda", "cuda-bindings"), "hip": ("rocm", "hip-python")}[name]
+        raise ImportError(f"the {name} platform needs {package}, which cannot be imported ({e}): "
+                          f"pip install 'iris[{extra}]' (or unset IRIS_PLATFORM)") from e
     from .host import HostDriver
     return HostDriver()
 

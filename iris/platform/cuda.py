@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 from cuda.bindings import driver as cu
 
 from ..errors import DriverError
-from .driver import IpcHandle
+from .driver import IpcHandle, reserve_failed
 
 _POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
@@ -77,7 +77,10 @@ class CudaDriver:
         return _check("cuMemGetAllocationGranularity", cu.cuMemGetAllocationGranularity(self._prop(), flag))
 
     def reserve(self, size: int) -> int:
-        return int(_check("cuMemAddressReserve", cu.cuMemAddressReserve(size, self.granularity(), 0, 0)))
+        try:
+            return int(_check("cuMemAddressReserve", cu.cuMemAddressReserve(size, self.granularity(), 0, 0)))
+        except DriverError as e:
+            raise reserve_failed(e, size) from None
 
     def free_va(self, va: int, size: int) -> None:
         _check("cuMemAddressFree", cu.cuMemAddressFree(va, size))

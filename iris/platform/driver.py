@@ -4,6 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence, Tuple
 
+from ..errors import DriverError
+
+
+def reserve_failed(e: DriverError, size: int) -> DriverError:
+    """e, saying what to do: a reservation fails for want of address space, not of memory."""
+    return DriverError(e.call, e.code, f"{e.detail}; reserving {size} bytes of address space failed: every rank "
+                       "reserves heap_size for its own heap and again for each peer's, so use a smaller heap_size "
+                       "(or raise `ulimit -v`)", e.oom)
+
 
 @dataclass(frozen=True)
 class IpcHandle:

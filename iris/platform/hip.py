@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence
 from hip import hip
 
 from ..errors import DriverError
-from .driver import IpcHandle
+from .driver import IpcHandle, reserve_failed
 
 _POSIX_FD = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
 _IPC_HANDLE_SIZE = 64
@@ -83,7 +83,10 @@ class HipDriver:
         return _check("hipMemGetAllocationGranularity", hip.hipMemGetAllocationGranularity(self._prop(), flag))
 
     def reserve(self, size: int) -> int:
-        return _addr(_check("hipMemAddressReserve", hip.hipMemAddressReserve(size, self.granularity(), None, 0)))
+        try:
+            return _addr(_check("hipMemAddressReserve", hip.hipMemAddressReserve(size, self.granularity(), None, 0)))
+        except DriverError as e:
+            raise reserve_failed(e, size) from None
 
     def free_va(self, va: int, size: int) -> None:
         _check("hipMemAddressFree", hip.hipMemAddressFree(va, size))

@@ -11,7 +11,7 @@ import os
 from typing import Optional, Sequence
 
 from ..errors import DriverError
-from .driver import IpcHandle
+from .driver import IpcHandle, reserve_failed
 
 PROT_NONE, PROT_RW = 0, 0x1 | 0x2
 MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS, MAP_NORESERVE = 0x01, 0x02, 0x10, 0x20, 0x4000
@@ -72,7 +72,10 @@ class HostDriver:
         return os.sysconf("SC_PAGE_SIZE")
 
     def reserve(self, size: int) -> int:
-        return _mmap("mmap(PROT_NONE reserve)", 0, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
+        try:
+            return _mmap("mmap(PROT_NONE reserve)", 0, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
+        except DriverError as e:
+            raise reserve_failed(e, size) from None
 
     def free_va(self, va: int, size: int) -> None:
         if _libc.munmap(va, size) != 0:

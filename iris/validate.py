@@ -1,0 +1,73 @@
+"""Argument checks that run before anything is allocated: each raises naming the problem and the fix."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import ContextClosed
+
+_PYTHON_TYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}  # as torch
+_QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+MAX_BYTES = (1 << 63) - 1
+
+
+def timeout_seconds(timeout, env: str | None, default: float) -> float:
+    """timeout=, else IRIS_TIMEOUT, else default: a finite positive number of seconds."""
+    if timeout is None and env is not None:
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError(f"IRIS_TIMEOUT={env!r} is not a number of seconds; e.g. IRIS_TIMEOUT=300") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"IRIS_TIMEOUT={env!r} must be a finite positive number of seconds; e.g. IRIS_TIMEOUT=300")
+        return value
+    value = default if timeout is None else timeout
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"timeout must be a finite positive number of seconds, got {value!r}; e.g. timeout=300")
+    return float(value)
+
+
+def dtype_of(dtype) -> torch.dtype:
+    """A torch.dtype from what torch's factories take: a torch.dtype, or float/int/bool/complex."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    if isinstance(dtype, type) and dtype in _PYTHON_TYPES:
+        return _PYTHON_TYPES[dtype]
+    if not isinstance(dtype, torch.dtype):
+        name = getattr(dtype, "name", None) or (dtype if isinstance(dtype, str) else getattr(dtype, "__name__", ""))
+        hint = f"torch.{name}" if isinstance(getattr(torch, str(name), None), torch.dtype) else "a torch.dtype"
+        raise TypeError(f"dtype must be a torch.dtype (as for torch's factories), got {type(dtype).__name__} "
+                        f"{dtype!r}; pass {hint}")
+    if dtype in _QUANTIZED:
+        raise ValueError(f"dtype={dtype} is quantized, which the heap does not hold: allocate the integer "
+                         "storage (e.g. torch.int8) and keep scale and zero point beside it")
+    return dtype
+
+
+def request(size, dtype, requires_grad, shape_of):
+    """(shape, dtype) of a factory call, checked: sizes, dtype, gradient, and a byte count that fits."""
+    shape, dtype = shape_of(size), dtype_of(dtype)
+    if requires_grad and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"requires_grad=True needs a floating point or complex dtype, got {dtype} (as in torch)")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"size {tuple(shape)} of {dtype} is {nbytes} bytes, more than any heap can hold; "
+                         "check the sizes")
+    return shape, dtype
+
+
+def heap_tensor(t, call: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{call} takes a heap tensor (from the context's factories), got {type(t).__name__} {t!r}")
+    return t
+
+
+class ClosedHeap:
+    """Stands in for the heap of a closed context: any use says so (close itself stays a no-op)."""
+
+    def __getattr__(self, name):
+        raise ContextClosed(f"context is closed (tried heap.{name}); create a new one with iris.iris()")
+
+    def close(self) -> None:
+        pass
