@@ -84,6 +84,7 @@ class Iris:
             total, self._reserve = heap_size + reserve, reserve
             alloc = (ALLOCATORS[name](self.driver, total) if name == "vmem"
                      else ALLOCATORS[name](self.driver, total, self.device))
+            alloc.reserved = reserve
             if name == "vmem" and heap_size % alloc.chunk:
                 warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.chunk}-byte chunk: rounded up; "
                               f"the heap holds {alloc.size - reserve} bytes", stacklevel=2)
@@ -146,7 +147,7 @@ class Iris:
     @property
     def heap_size(self) -> int:
         """Bytes the user's tensors may take (iris's own flags are outside it)."""
-        return self.heap.size - self._reserve
+        return self.heap.alloc.capacity
 
     def get_device_context(self) -> torch.Tensor:
         """int64 tensor [rank, world, heap_base_0, ...] on the heap's device, for
@@ -232,7 +233,8 @@ class Iris:
         return self.heap.trim()
 
     def _made(self, size, dtype, device, out, requires_grad, fill=None) -> torch.Tensor:
-        """A new heap tensor (or out, checked), filled outside autograd, then requires_grad as asked."""
+        """A new heap tensor (or out, checked), filled outside autograd. requires_grad is checked here
+        and set by the caller, last, so that a restrided result is still a leaf."""
         if device is not None:
             self._check_device(device)
         shape, dtype = request(size, dtype, requires_grad, _shape)
@@ -247,14 +249,15 @@ class Iris:
         if fill is not None:
             with torch.no_grad():
                 fill(t)
-        return t.requires_grad_(requires_grad) if requires_grad else t
+        return t
 
     def _check_device(self, device) -> None:
         if device is not None and torch.device(device).type != self.device.type:
             raise ValueError(f"the heap lives on {self.device}; got device={device!r} (leave it out)")
 
     def _copied(self, ref: torch.Tensor, out, requires_grad) -> torch.Tensor:
-        return self._made(ref.shape, ref.dtype, None, out, requires_grad, lambda t: t.copy_(ref))
+        t = self._made(ref.shape, ref.dtype, None, out, requires_grad, lambda t: t.copy_(ref))
+        return t.requires_grad_(requires_grad) if requires_grad else t
 
     # -- factories (collective: all ranks, same order, same sizes) ---------
     # torch's keywords: layout (strided only), pin_memory (False only), memory_format, device (this
@@ -265,7 +268,7 @@ class Iris:
         check_pin_memory(pin_memory)
         shape = _shape(size if isinstance(size, tuple) else (size,))
         out = out_as(out, shape)
-        t = self._made((shape,), dtype, device, out, False, fill)
+        t = self._made((shape,), dtype, device, out, requires_grad, fill)
         if out is None:
             t = restride(t, memory_format, like)
         return t.requires_grad_(requires_grad) if requires_grad else t

@@ -117,8 +117,9 @@ def rank_explicit_and_gc_mix():
     state = sorted(ctx.heap.alloc.offsets.live.items())
     ok = bool((again == 3.0).all()) and bool((b == 4.0).all())
     queued = dict(ctx.heap._queued)
+    after = ctx.heap.stats["frees"]
     ctx.close()
-    return frees, ctx.heap.stats["frees"], state, ok, len(queued)
+    return frees, after, state, ok, len(queued)
 
 
 def test_explicit_free_and_scope_mix_with_gc():

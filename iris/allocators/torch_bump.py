@@ -11,6 +11,8 @@ class TorchAllocator:
     """Peers open the block once through IPC; no collective and no driver call per allocation."""
 
     vmm = False
+    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    capacity = property(lambda self: self.size - self.reserved)
 
     def __init__(self, driver, heap_size: int, device: torch.device):
         block = torch.empty(heap_size, dtype=torch.uint8, device=device)
@@ -24,7 +26,7 @@ class TorchAllocator:
     def allocate(self, nbytes: int, align: int, may_grow: bool = True):
         offset = self.offsets.allocate(nbytes, align)
         if offset is None:
-            raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.size,
+            raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.capacity,
                                   f"The largest free block is {self.offsets.largest_free()} bytes. Free tensors with "
                                   "ctx.free(), or create the heap with a larger heap_size (or allocator='vmem').")
         return offset, []

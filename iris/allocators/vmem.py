@@ -30,6 +30,8 @@ class VMemAllocator:
     """
 
     vmm = True
+    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    capacity = property(lambda self: self.size - self.reserved)
 
     def __init__(self, driver, heap_size: int, chunk_size: int = DEFAULT_CHUNK):
         self.driver = driver
@@ -52,7 +54,7 @@ class VMemAllocator:
         when the request would need new segments and may_grow is False."""
         offset = self.offsets.allocate(nbytes, align)
         if offset is None:
-            raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.size,
+            raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.capacity,
                                   f"The largest free block is {self.offsets.largest_free()} bytes. "
                                   "Free tensors with ctx.free(), or create the heap with a larger heap_size "
                                   "(a vmem heap may exceed device memory).")
@@ -69,7 +71,7 @@ class VMemAllocator:
             if not e.oom:
                 raise
             free, total = self.driver.mem_info()
-            err = HeapOutOfMemory(nbytes, free, self.size,
+            err = HeapOutOfMemory(nbytes, free, self.capacity,
                                   f"The device is out of memory: {self.committed} bytes committed by this heap, "
                                   f"{free} of {total} bytes free on the device. Free tensors and call ctx.trim().")
             err.during_growth = True
@@ -127,7 +129,7 @@ class VMemAllocator:
         if region is None or self._holes(region, region + span) != [(region, region + span)]:  # segments it would hit
             if region is not None:
                 self.offsets.free(region)
-            raise HeapOutOfMemory(span, self.offsets.free_bytes, self.size,
+            raise HeapOutOfMemory(span, self.offsets.free_bytes, self.capacity,
                                   "No unbacked region is left to map the tensor into; trim or enlarge the heap.")
         segments = []
         with ExitStack() as undo:

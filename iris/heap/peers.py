@@ -116,7 +116,7 @@ class PeerMaps:
             if failed or diverged:
                 undo_new()
                 if failed:
-                    raise HeapOutOfMemory(nbytes, self.alloc.offsets.free_bytes, self.size,
+                    raise HeapOutOfMemory(nbytes, self.alloc.offsets.free_bytes, self.alloc.capacity,
                                           f"Ranks {failed} could not back it: their devices are out of memory. "
                                           "Free tensors and call ctx.trim() on every rank.")
                 raise SymmetryError(f"rank {self.rank} allocated {nbytes} bytes at offset {offset}, but ranks "

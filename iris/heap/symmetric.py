@@ -54,7 +54,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         growth is a driver call and an exchange with peers, which capture forbids."""
         if self.closed:
             raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
-        call = ("allocate", nbytes, align)
+        call = ("allocate", nbytes, f"align={align}")
         if self.symmetry.mode == "full":
             self.check_symmetry(f"allocate({nbytes}, {align})")
         size = (max(nbytes, 1) + align - 1) & -align
