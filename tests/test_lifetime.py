@@ -9,6 +9,9 @@ import torch
 
 import iris
 
+# host memory: shared-memory imports and /proc/self/maps; the gpu tests below cover GPUs
+host_only = pytest.mark.skipif(torch.cuda.is_available(), reason="host memory (the gpu variants cover GPUs)")
+
 ALLOCATORS = ["torch", "vmem"]
 
 
@@ -153,6 +156,7 @@ def rank_use_after_close(allocator):
     return base, held, end, seen
 
 
+@host_only
 def test_tensors_stay_valid_after_close_and_then_go():
     out = iris.spawn(rank_each_allocator, 2, args=(rank_use_after_close,))
     for r, (base, held, end, seen) in ((r, res) for r, rank in enumerate(out) for res in rank):
@@ -162,6 +166,7 @@ def test_tensors_stay_valid_after_close_and_then_go():
         assert end[2] == base[2], f"rank {r}: heap mappings {base[2]} -> {end[2]}"
 
 
+@host_only
 def test_double_free_of_an_import_raises_and_keeps_user_memory():
     with iris.iris(heap_size=1 << 26, allocator="vmem") as ctx:
         store = torch.empty(2 << 20, dtype=torch.float32).share_memory_()

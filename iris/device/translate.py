@@ -16,8 +16,10 @@ DEBUG: tl.constexpr = tl.constexpr(os.environ.get("IRIS_DEBUG", "0").strip() not
 _INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 MAGIC: tl.constexpr = tl.constexpr(0x1215DEB6)
 HIDDEN = 3  # MAGIC, heap size, world: at heap_bases[-3], [-2], [-1]
-if DEBUG:
-    os.environ.setdefault("TRITON_DEBUG", "1")  # device_assert is compiled in only when Triton debugs
+if DEBUG:  # device_assert is compiled in only when Triton debugs; it reads TRITON_DEBUG once, at import
+    os.environ.setdefault("TRITON_DEBUG", "1")
+    if getattr(getattr(triton, "knobs", None), "runtime", None) is not None:
+        triton.knobs.runtime.debug = True
 
 
 def bases_tensor(bases, size: int, device) -> torch.Tensor:
