@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import iris
-from iris.checkpoint import CheckpointError, checkpoint_files, read_entries
-from iris.loading import read_into
-from iris.read_plan import normalize, plan, slice_runs
+from iris.weights.checkpoint import CheckpointError, checkpoint_files, read_entries
+from iris.weights.loading import read_into
+from iris.weights.read_plan import normalize, plan, slice_runs
 
 
 def _random_bytes(shape, dtype, seed):

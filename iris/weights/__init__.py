@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from .checkpoint import CheckpointError, checkpoint_files, read_entries
-from .errors import SymmetryError
+from ..errors import SymmetryError
 from .read_plan import normalize, plan, slice_runs
 
 Shard = Callable[[str, Tuple[int, ...]], Optional[tuple]]

@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 import torch
 
-from .errors import IrisError
+from ..errors import IrisError
 from .read_plan import Read
 
 

@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
 
-from .errors import IrisError
+from ..errors import IrisError
 
 # safetensors dtype names -> torch dtypes, for those this torch has (uint16..64 and the float8s
 # are recent); F4 (two values per byte) has no element-per-shape-entry layout and is left out
