@@ -31,22 +31,29 @@ def _free_bytes(ctx):
     return ctx.driver.mem_info()[0]
 
 
-def _measure(ctx, fn):
+def _measure(ctx, fn, calls=None):
+    """fn's result, seconds (to the last rank done) and extra device bytes; with calls, also the
+    driver calls and exchanges that fn makes (not the barriers around it)."""
     ctx.barrier()
     free0 = _free_bytes(ctx)
     t0 = time.perf_counter()
-    out = fn()
+    with _driver_calls(ctx, calls) if calls is not None else contextlib.nullcontext():
+        out = fn()
     ctx.barrier()
     seconds = time.perf_counter() - t0
     return out, seconds, free0 - _free_bytes(ctx)
 
 
+DRIVER = ("retain", "export", "import_", "map", "set_access", "release")
+
+
 @contextlib.contextmanager
-def _driver_calls(driver, into: dict):
-    """Count the driver's calls and their milliseconds while the block runs: where the time goes."""
-    names = ("retain", "export", "import_", "map", "set_access", "release")
-    for name in names:
-        def timed(*a, _f=getattr(driver, name), _n=name, **k):
+def _driver_calls(ctx, into: dict):
+    """Count the driver's calls and the group's exchanges, with their milliseconds, while the block
+    runs: where the time goes."""
+    targets = [(ctx.driver, name) for name in DRIVER] + [(ctx.heap.group, "exchange")]
+    for obj, name in targets:
+        def timed(*a, _f=getattr(obj, name), _n=name, **k):
             t0 = time.perf_counter()
             try:
                 return _f(*a, **k)
@@ -54,12 +61,12 @@ def _driver_calls(driver, into: dict):
                 c = into.setdefault(_n, {"calls": 0, "ms": 0.0})
                 c["calls"] += 1
                 c["ms"] += 1e3 * (time.perf_counter() - t0)
-        setattr(driver, name, timed)
+        setattr(obj, name, timed)
     try:
         yield into
     finally:
-        for name in names:
-            delattr(driver, name)
+        for obj, name in targets:
+            delattr(obj, name)
 
 
 def main():
@@ -87,8 +94,9 @@ def main():
                          lambda: [ctx.as_symmetric(w, copy=False) for w in weights]),
                         ("iris as_symmetric zero copy, one batched call",
                          lambda: ctx.as_symmetric(weights, copy=False))):
-        with _driver_calls(ctx.driver, {}) as calls:
-            views, sec, extra = _measure(ctx, run)
+        calls = {}
+        views, sec, extra = _measure(ctx, run, calls)
+        driver_ms = sum(v["ms"] for k, v in calls.items() if k in DRIVER)
         # every element, the views alias the originals, and the peer sees this rank's weights
         ok = all(ctx.is_zero_copy(v) and torch.equal(v, w) and v.data_ptr() != w.data_ptr()
                  for v, w in zip(views, weights))
@@ -98,7 +106,8 @@ def main():
         peer = (rank + 1) % world
         ok = ok and bool((ctx.peer_view(views[0], peer) == peer + 0.5).all())
         ctx.barrier()
-        rows.append({"method": method, "ms": 1e3 * sec, "extra_bytes": extra, "checked": ok, "driver_calls": calls})
+        rows.append({"method": method, "ms": 1e3 * sec, "extra_bytes": extra, "checked": ok, "driver_calls": calls,
+                     "driver_ms": driver_ms, "ms_over_driver": 1e3 * sec / driver_ms})
         t0 = time.perf_counter()
         for v in views:
             ctx.free(v)
@@ -136,8 +145,10 @@ def main():
             for row in rr:
                 print(f"{row['method']:>50} {row['ms']:9.1f} {row['extra_bytes'] / 2**20:10.1f} {row['checked']}  (rank {r})")
                 if "driver_calls" in row:
-                    print(" " * 51 + "driver: " + ", ".join(f"{k} {v['calls']}x {v['ms']:.1f} ms"
-                                                           for k, v in row["driver_calls"].items()))
+                    print(" " * 51 + "calls: " + ", ".join(f"{k} {v['calls']}x {v['ms']:.1f} ms"
+                                                          for k, v in row["driver_calls"].items()))
+                    print(" " * 51 + f"driver sum {row['driver_ms']:.1f} ms; total / driver sum "
+                          f"{row['ms_over_driver']:.2f}x (goal: 1.15x)")
         print("wrote", write_result("import_weights", {"bytes_per_rank": nbytes, "tensors": n, "ranks": gathered}, args.out))
     ctx.close()
     dist.barrier()

@@ -392,8 +392,7 @@ class Iris:
         offsets = [None] * len(todo)
         if todo and self.heap.alloc.vmm and copy is not True:
             xs = [tensors[i] for i in todo]
-            offsets = self.heap.adopt([(self.heap.address(x), x.numel() * x.element_size()) for x in xs],
-                                      [(tuple(x.shape), str(x.dtype)) for x in xs], call)
+            offsets = self.heap.adopt([keys[i][:2] for i in todo], [(tuple(x.shape), str(x.dtype)) for x in xs], call)
         for i, offset in zip(todo, offsets):
             x = tensors[i]
             out[i] = self.heap.tensor(offset, x.shape, x.dtype) if offset is not None else self._copy_in(x, copy, call)

@@ -8,6 +8,7 @@ from typing import List, Optional
 from ..allocators.offsets import round_up
 from ..errors import SymmetryError
 from .lifetime import Block
+from .peers import _close_all, _runs
 
 
 class Imports:
@@ -75,57 +76,110 @@ class Imports:
             ends = [r[i][2] for r in runs]
         return groups
 
+    def _exported(self, runs, pages):
+        """(base, size) of each page under a run, in address order, and an fd exported for each:
+        sent with the runs so that one exchange does the whole import."""
+        bases = set()
+        for r in runs:
+            b = None if r is None else r[1]
+            while r is not None and b < r[2]:
+                bases.add(b)
+                b += pages[b][0]
+        bases, fds = sorted(bases), []
+        try:
+            for b in bases:
+                fds.append(self.driver.export(pages[b][1]))
+        except BaseException:
+            _close_all(fds)
+            raise
+        return [(b, pages[b][0]) for b in bases], fds
+
     def adopt(self, ranges, metas, call: str) -> List[Optional[int]]:
         """Map the memory behind each (ptr, nbytes) into the heap so that each tensor sits at one
         offset on every rank, and share it with peers. metas name the tensors (ranks must agree).
         Returns each offset, None where some rank cannot map it (nothing mapped; the caller copies).
         Tensors that neighbour each other share a region, so a page under two of them is mapped
-        and exported once. One allgather and one exchange for the batch. Collective."""
-        g = self.alloc.chunk
+        once. One exchange for the batch: each rank sends its runs with an fd per page, so the
+        slowest rank is waited for once (fds of pages no rank maps are closed unused). Collective."""
         runs, pages = self._retain_runs(ranges)
-        offsets, adopted, segments = [None] * len(ranges), [], []
+        offsets, adopted, imported, received = [None] * len(ranges), [], [], []
         try:
-            got = self.group.allgather((runs, metas), "as_symmetric")
-            if any(m != metas for _, m in got):
-                raise SymmetryError(f"{call}: ranks import different tensors: {[m for _, m in got]}")
-            everyone = [r for r, _ in got]
+            layout, own = self._exported(runs, pages) if self.peers else ([], [])
+            try:
+                got, fds = self.group.exchange((runs, metas, layout, self.symmetry.token(call), self._queue()), own,
+                                               "as_symmetric")
+            finally:
+                _close_all(own)
+            self.stats["exchanges"] += 1
+            received = [fd for p in self.peers for fd in fds[p]]
+            self._release_agreed([o[4] for o in got])
+            self.symmetry.compare([o[3] for o in got], self.rank, call)
+            if any(o[1] != metas for o in got):
+                raise SymmetryError(f"{call}: ranks import different tensors: {[o[1] for o in got]}")
+            everyone = [o[0] for o in got]
+            tables = {p: {b: (size, fd) for (b, size), fd in zip(got[p][2], fds[p])} for p in self.peers}
+            views = {p: [] for p in self.peers}  # (offset, size) of each peer page mapped, for set_access
             for group in self._groups(everyone):
-                first = group[0]
-                layouts = [(r[first][0] - r[first][1], max(r[i][2] for i in group) - r[first][1]) for r in everyone]
-                if len({lead % g for lead, _ in layouts}) > 1:
+                placed = self._place(everyone, group)
+                if placed is None:
                     continue  # the tensors sit at different places in their pages: no common offset
-                top = max(lead for lead, _ in layouts)  # every rank's first tensor lands at region + top
-                span = round_up(max(top - lead + total for lead, total in layouts), g)
-                ptr, start, _ = runs[first]
-                end, parts = max(runs[i][2] for i in group), []
-                try:
-                    base = start
-                    while base < end:
-                        parts.append((top - (ptr - start) + base - start, pages[base][0], self._take(pages, base)))
-                        base += pages[base][0]
-                    region, segs = self.alloc.adopt(parts, span)
-                except BaseException:
-                    for _, _, handle in parts:
-                        self.driver.release(handle)
-                    raise
-                adopted.append((region, segs))
-                segments += segs
-                self._regions[region] = [span, len(group)]
+                top, span = placed
+                region = self._map_own(runs, pages, group, top, span, adopted)
                 for i in group:
-                    off = region + top + runs[i][0] - ptr
+                    off = region + top + runs[i][0] - runs[group[0]][0]
                     offsets[i] = off
                     self._adopted.setdefault(off, [region, 0])[1] += 1
                     if off not in self._import_blocks:
                         self._import_blocks[off] = Block(off, ranges[i][1], -1, gc=False)
+                for p in self.peers:
+                    ptr, base, _ = everyone[p][group[0]]
+                    end, at = max(everyone[p][i][2] for i in group), region + top - (ptr - base)
+                    while base < end:
+                        size, fd = tables[p][base]
+                        self._import(p, at, size, fd, imported)
+                        views[p].append((at, size))
+                        base, at = base + size, at + size
+            for p in self.peers:
+                for lo, hi in _runs(views[p]):
+                    self.driver.set_access(self._peer_va[p] + lo, hi - lo)
         except BaseException:
+            self._unimport(imported)
             self._undo_adopted(adopted)
             raise
         finally:
             self._release_pages(pages)
-        if segments:
-            self._grow(len(segments), [r for r, _ in adopted], segments, call, lambda: self._undo_adopted(adopted))
+            _close_all(received)
+        if adopted:
+            self.stats["growths"] += 1
         self.symmetry.record(call)
         return offsets
+
+    def _place(self, everyone, group):
+        """(top, span) of the group's region, the same on every rank: its first tensor lands at
+        region + top everywhere; None when the ranks' tensors sit at different places in their pages."""
+        g, first = self.alloc.chunk, group[0]
+        layouts = [(r[first][0] - r[first][1], max(r[i][2] for i in group) - r[first][1]) for r in everyone]
+        if len({lead % g for lead, _ in layouts}) > 1:
+            return None
+        top = max(lead for lead, _ in layouts)
+        return top, round_up(max(top - lead + total for lead, total in layouts), g)
+
+    def _map_own(self, runs, pages, group, top, span, adopted) -> int:
+        """Map this rank's pages under the group into a fresh region (noted in adopted); its offset."""
+        ptr, base, _ = runs[group[0]]
+        end, parts, at = max(runs[i][2] for i in group), [], top - (ptr - base)
+        try:
+            while base < end:
+                parts.append((at, pages[base][0], self._take(pages, base)))
+                base, at = base + pages[base][0], at + pages[base][0]
+            region, segs = self.alloc.adopt(parts, span)
+        except BaseException:
+            for _, _, handle in parts:
+                self.driver.release(handle)
+            raise
+        adopted.append((region, segs))
+        self._regions[region] = [span, len(group)]
+        return region
 
     def _undo_adopted(self, adopted) -> None:
         for region, segs in adopted:

@@ -122,26 +122,40 @@ class PeerMaps:
                 raise SymmetryError(f"rank {self.rank} allocated {nbytes} bytes at offset {offset}, but ranks "
                                     f"{diverged} made a different allocation ({[objs[p] for p in diverged]}); every "
                                     "rank must allocate the same sizes in the same order")
-            with ExitStack() as undo:
+            imported = []
+            try:
                 for p in self.peers:
                     for (off, size), fd in zip(layouts[p], fds[p]):
-                        self._import(p, off, size, fd, undo)
+                        self._import(p, off, size, fd, imported)
                     for lo, hi in _runs(layouts[p]):
                         self.driver.set_access(self._peer_va[p] + lo, hi - lo)
-                undo.pop_all()
+            except BaseException:
+                self._unimport(imported)
+                raise
             self.stats["growths"] += 1
         finally:
             _close_all(received)
 
-    def _import(self, peer: int, offset: int, size: int, fd: int, undo: ExitStack) -> None:
-        d, va = self.driver, self._peer_va[peer] + offset
+    def _import(self, peer: int, offset: int, size: int, fd: int, imported: list) -> None:
+        """Map peer's segment at offset in its view; imported collects (peer, offset) for _unimport."""
+        d = self.driver
         handle = d.import_(fd)
-        undo.callback(d.release, handle)
-        d.map(va, size, handle)
-        undo.callback(d.unmap, va, size)
+        try:
+            d.map(self._peer_va[peer] + offset, size, handle)
+        except BaseException:
+            d.release(handle)
+            raise
         self._imports[peer][offset] = (handle, size)
         self._import_starts[peer].add(offset)
-        undo.callback(self._forget_import, peer, offset)
+        imported.append((peer, offset))
+
+    def _unimport(self, imported: list) -> None:
+        """Take back what _import mapped, newest first (a failure part way leaves nothing mapped)."""
+        for peer, offset in reversed(imported):
+            handle, size = self._forget_import(peer, offset)
+            self.driver.unmap(self._peer_va[peer] + offset, size)
+            self.driver.release(handle)
+        imported.clear()
 
     def _forget_import(self, peer: int, offset: int):
         self._import_starts[peer].remove(offset)
