@@ -44,13 +44,13 @@ class SymmetryCheck:
         """call: a string, or a tuple (name, *args) formatted only when hashed."""
         if self.mode != "off":
             self._unhashed.append(call)
-            if len(self.since) < self.WINDOW:
-                self.since.append(call)
             if len(self._unhashed) >= 1024:
                 self._flush()
 
     def _flush(self) -> None:
         # one repr per batch; batches end at the same call on every rank that made the same calls
+        if len(self.since) < self.WINDOW:  # the window fills here, off the allocation path
+            self.since += self._unhashed[:self.WINDOW - len(self.since)]
         self._digest.update(repr(self._unhashed).encode())
         self.calls += len(self._unhashed)
         self.last = _text(self._unhashed[-1])
