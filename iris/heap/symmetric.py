@@ -121,7 +121,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         else:
             raise ValueError(f"free: no live allocation starts at heap offset {offset}: it was freed already "
                              "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
-        self.symmetry.record(call)
+        self.symmetry.note(call)
         self.stats["frees"] += 1
         return size
 
