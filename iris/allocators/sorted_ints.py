@@ -57,7 +57,7 @@ class SortedInts:
         """Remove old, which must be present, and add new: one bucket's work when new stays in it
         (the policy's usual step: a free block shrinks or grows in place)."""
         maxes, lists = self._maxes, self._lists
-        i = bisect_left(maxes, old)
+        i = 0 if len(maxes) == 1 else bisect_left(maxes, old)  # one bucket: the usual small heap
         if i < len(maxes) and (i == 0 or maxes[i - 1] < new) and (i + 1 == len(maxes) or new < lists[i + 1][0]):
             lst = lists[i]
             j = bisect_left(lst, old)
