@@ -18,7 +18,7 @@ from .host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .heap import SymmetricHeap
 from .platform import get_driver
-from .validate import ClosedHeap, heap_tensor, request
+from .validate import ClosedHeap, heap_tensor, plain_request, request
 
 ALIGN = 256
 
@@ -205,13 +205,13 @@ class Iris:
         freeing a block twice raises. Tensors that are simply dropped are freed at the next
         collective point instead (see collect)."""
         block, offset = self.heap.block_of(heap_tensor(t, "free"))
-        nbytes = t.numel() * t.element_size()
+        nbytes = t.nbytes
         if offset != block.offset or nbytes != block.nbytes:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
                              f"[{offset - block.offset}, {offset - block.offset + nbytes}) of a {block.nbytes}-byte "
                              "block (a slice or part of it); free the tensor the factory returned")
         self.heap.free(offset)
-        keys = self._imported_at.get(offset)
+        keys = self._imported_at.get(offset) if self._imported_at else None
         if keys:  # forget the import this was (one of those at this offset, its shape and dtype first)
             key = next((k for k in keys if k[2] == t.dtype and k[3] == tuple(t.shape)), keys[0])
             keys.remove(key)
@@ -264,6 +264,16 @@ class Iris:
     # heap's), out (a heap tensor of as many elements; returned viewed with the size asked for).
     def _factory(self, size, dtype, device, out, requires_grad, fill=None, layout=None, pin_memory=False,
                  memory_format=None, like=None) -> torch.Tensor:
+        if (out is None and device is None and like is None and not requires_grad and not pin_memory
+                and (layout is torch.strided or layout is None)
+                and (memory_format is torch.contiguous_format or memory_format is None)):
+            shape = plain_request(size, dtype)
+            if shape is not None:  # the usual call, checked in full: one allocation, one view
+                t = self.heap.new_tensor(shape, torch.get_default_dtype() if dtype is None else dtype)
+                if fill is not None:
+                    with torch.no_grad():
+                        fill(t)
+                return t
         check_layout(layout)
         check_pin_memory(pin_memory)
         shape = _shape(size if isinstance(size, tuple) else (size,))

@@ -10,6 +10,7 @@ from .errors import ContextClosed
 _PYTHON_TYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}  # as torch
 _QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 MAX_BYTES = (1 << 63) - 1
+_CHECKED = {}  # torch.dtype that dtype_of accepted -> its itemsize (so plain_request skips the checks)
 
 
 def timeout_seconds(timeout, env: str | None, default: float) -> float:
@@ -42,6 +43,7 @@ def dtype_of(dtype) -> torch.dtype:
     if dtype in _QUANTIZED:
         raise ValueError(f"dtype={dtype} is quantized, which the heap does not hold: allocate the integer "
                          "storage (e.g. torch.int8) and keep scale and zero point beside it")
+    _CHECKED[dtype] = dtype.itemsize
     return dtype
 
 
@@ -55,6 +57,27 @@ def request(size, dtype, requires_grad, shape_of):
         raise ValueError(f"size {tuple(shape)} of {dtype} is {nbytes} bytes, more than any heap can hold; "
                          "check the sizes")
     return shape, dtype
+
+
+def plain_request(size, dtype):
+    """The usual factory call's shape, or None where request must look closer: size is ints (or one
+    int), dtype None or a torch.dtype seen valid before, and the byte count fits. A shape returned
+    here is one that request would return, as a tuple."""
+    if type(size) is not tuple:
+        size = (size,)
+    if dtype is None:
+        dtype = torch.get_default_dtype()
+    elif type(dtype) is not torch.dtype:
+        return None
+    itemsize = _CHECKED.get(dtype)
+    if itemsize is None:
+        return None
+    n = itemsize
+    for s in size:
+        if type(s) is not int or not 0 <= s < 1 << 63:
+            return None
+        n *= s
+    return size if n <= MAX_BYTES else None
 
 
 def heap_tensor(t, call: str) -> torch.Tensor:

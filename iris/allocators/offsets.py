@@ -58,7 +58,16 @@ class Offsets:
                     break
             else:
                 return None
-        self._take(start, length, at, size)
+        if at == start and size < length:  # the usual case: the low end of a longer block
+            rest = at + size
+            del self._length[start]
+            self._length[rest] = length - size
+            self._start_of_end[start + length] = rest
+            self._by_size.replace(key, (length - size) << shift | rest)
+            self.live[at] = size
+            self.free_bytes -= size
+        else:
+            self._take(start, length, at, size)
         return at
 
     def _allocate_top(self, size: int, align: int) -> Optional[int]:
@@ -89,6 +98,14 @@ class Offsets:
             raise ValueError(f"offset {offset} is not the start of a live allocation")
         start, end = offset, offset + size
         right = self._length.get(end)
+        if right is not None and start not in self._start_of_end:  # the usual case: it joins the block above
+            del self._length[end]
+            self._length[start] = size + right
+            self._start_of_end[end + right] = start
+            shift = self._shift
+            self._by_size.replace(right << shift | end, (size + right) << shift | start)
+            self.free_bytes += size
+            return size
         if right is not None:
             self._remove(end, right)
             end += right

@@ -53,6 +53,23 @@ class SortedInts:
         elif j == len(lst):
             self._maxes[i] = lst[-1]
 
+    def replace(self, old: int, new: int) -> None:
+        """Remove old, which must be present, and add new: one bucket's work when new stays in it
+        (the policy's usual step: a free block shrinks or grows in place)."""
+        maxes, lists = self._maxes, self._lists
+        i = 0 if len(maxes) == 1 else bisect_left(maxes, old)  # one bucket: the usual small heap
+        if i < len(maxes) and (i == 0 or maxes[i - 1] < new) and (i + 1 == len(maxes) or new < lists[i + 1][0]):
+            lst = lists[i]
+            j = bisect_left(lst, old)
+            if lst[j] != old:
+                raise KeyError(old)
+            del lst[j]
+            insort(lst, new)
+            maxes[i] = lst[-1]
+            return
+        self.remove(old)
+        self.add(new)
+
     def ceil(self, x: int) -> Optional[int]:
         """The smallest element >= x, or None."""
         i = bisect_left(self._maxes, x)

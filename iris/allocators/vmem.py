@@ -12,6 +12,10 @@ from .sorted_ints import SortedInts
 DEFAULT_CHUNK = 2 << 20
 
 
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class Segment:
     """Physical memory backing [offset, offset + size) of the heap."""
@@ -40,18 +44,20 @@ class VMemAllocator:
         self.size = round_up(heap_size, self.chunk)
         self.base = driver.reserve(self.size)
         self.offsets = Offsets(self.size)
+        self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
         self._segs: Dict[int, Segment] = {}   # offset -> segment
         self._seg_starts = SortedInts()       # their offsets, for lookups by bisection
         self.committed = 0
+        self._last = (0, 0)  # [start, end) of the segment that backed the last request (a cache)
 
     @property
     def segments(self) -> List[Segment]:
         """Every backed segment, in address order."""
         return [self._segs[o] for o in self._seg_starts]
 
-    def allocate(self, nbytes: int, align: int, may_grow: bool = True) -> Tuple[Optional[int], List[Segment]]:
+    def allocate(self, nbytes: int, align: int, may_grow=_always) -> Tuple[Optional[int], List[Segment]]:
         """The offset, and the segments created for it (the heap shares those with peers); (None, [])
-        when the request would need new segments and may_grow is False."""
+        when the request would need new segments and may_grow() says no (asked only then)."""
         offset = self.offsets.allocate(nbytes, align)
         if offset is None:
             raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.capacity,
@@ -59,8 +65,11 @@ class VMemAllocator:
                                   "Free tensors with ctx.free(), or create the heap with a larger heap_size "
                                   "(a vmem heap may exceed device memory).")
         new: List[Segment] = []
+        lo, hi = self._last
+        if lo <= offset and offset + nbytes <= hi:  # the usual case: inside the segment the last request used
+            return offset, new
         holes = self._holes(offset, offset + nbytes)
-        if holes and not may_grow:
+        if holes and not may_grow():
             self.offsets.free(offset)
             return None, new
         try:
@@ -92,7 +101,8 @@ class VMemAllocator:
         if below is not None:
             at = max(at, below + self._segs[below].size)
             if at >= end:
-                return []  # the usual case: inside one backed segment
+                self._last = below, at  # inside one backed segment: the next request likely is too
+                return []
         holes = []
         for off in self._seg_starts.irange(at):
             if off >= end:
@@ -115,8 +125,6 @@ class VMemAllocator:
             undo.pop_all()
         return Segment(offset, size, handle)
 
-    def free(self, offset: int) -> int:
-        return self.offsets.free(offset)
 
     def adopt(self, parts: List[Tuple[int, int, Any]], span: int) -> Tuple[int, List[Segment]]:
         """Map foreign handles, (offset in region, size, handle) each, into a fresh region of span bytes.
@@ -169,6 +177,7 @@ class VMemAllocator:
 
     def release(self, segments: List[Segment]) -> None:
         """Unmap and release segments (the heap has dropped peer views first)."""
+        self._last = (0, 0)
         for seg in segments:
             if self._segs.get(seg.offset) is seg:
                 del self._segs[seg.offset]

@@ -1,6 +1,7 @@
 """SymmetricHeap: one allocator's memory, a view of every peer's, and heap_bases for kernels."""
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 from typing import Dict
 
@@ -13,7 +14,9 @@ from .imports import Imports
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
-from .views import tensor_at
+from .views import cuda_tensor_at, host_tensor_at, tensor_at
+
+_ALIGN_TEXT = {256: "align=256"}  # the usual call's text, not formatted per allocation
 
 
 class SymmetricHeap(PeerMaps, Imports, Lifetimes):
@@ -34,6 +37,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self.closed = False
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
+        self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
+        self._view = cuda_tensor_at if self._capturable else host_tensor_at
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:
@@ -42,6 +47,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             else:
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
+            self._base = allocator.base
             self.heap_bases = bases_tensor(self.bases, self.size, device)  # hidden entries for IRIS_DEBUG
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
 
@@ -54,21 +60,19 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         growth is a driver call and an exchange with peers, which capture forbids."""
         if self.closed:
             raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
-        call = ("allocate", nbytes, f"align={align}")
+        call = ("allocate", nbytes, _ALIGN_TEXT.get(align) or f"align={align}")
         if self.symmetry.mode == "full":
             self.check_symmetry(f"allocate({nbytes}, {align})")
         size = (max(nbytes, 1) + align - 1) & -align
-        may_grow = not (self._capturable and torch.cuda.is_current_stream_capturing())
-        for attempt in (0, 1):
-            try:
-                offset, new = self.alloc.allocate(size, align, may_grow)
-                break
-            except HeapOutOfMemory as e:
-                if getattr(e, "during_growth", False):
-                    self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
-                    raise
-                if attempt or not self.collect("allocate (heap full)"):  # every rank is full here too
-                    raise
+        try:
+            offset, new = self.alloc.allocate(size, align, self._may_grow)
+        except HeapOutOfMemory as e:
+            if getattr(e, "during_growth", False):
+                self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
+                raise
+            if not self.collect("allocate (heap full)"):  # every rank is full here too
+                raise
+            offset, new = self.alloc.allocate(size, align, self._may_grow)
         if offset is None:
             raise CaptureError(f"allocating {nbytes} bytes needs the heap to grow, which cannot happen during CUDA "
                                "graph capture (growth maps new memory and exchanges it with the peers). Allocate "
@@ -78,15 +82,21 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self._grow(nbytes, offset, new, call, lambda: self.alloc.undo(offset, new))
         self.symmetry.record(call)
         self.stats["allocations"] += 1
-        self._serial += 1
-        block = Block(offset, nbytes, self._serial)
-        self._at[offset] = self._live[self._serial] = block
+        self._serial = serial = self._serial + 1
+        block = Block(offset, nbytes, serial)
+        self._at[offset] = self._live[serial] = block
         return block
 
-    def new_tensor(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    def _may_grow(self) -> bool:
+        """Whether new memory may be mapped now: not during CUDA graph capture. The allocator asks
+        only when a request needs new segments, so the usual allocation skips the query."""
+        return not (self._capturable and torch.cuda.is_current_stream_capturing())
+
+    def new_tensor(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """A fresh heap tensor of shape and dtype: one allocation, one view. Collective."""
-        block = self.allocate(shape.numel() * dtype.itemsize)
-        return tensor_at(self.bases[self.rank] + block.offset, shape, dtype, self.device, Owner(self, block))
+        nbytes = math.prod(shape) * dtype.itemsize
+        block = self.allocate(nbytes)
+        return self._view(self._base + block.offset, shape, dtype, self.device, Owner(self, block), nbytes)
 
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse. Collective: all ranks, same order."""
@@ -111,7 +121,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         else:
             raise ValueError(f"free: no live allocation starts at heap offset {offset}: it was freed already "
                              "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
-        self.symmetry.record(call)
+        self.symmetry.note(call)
         self.stats["frees"] += 1
         return size
 
@@ -158,9 +168,9 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
 
     def block_of(self, t: torch.Tensor):
         """(the live block t's storage was made over, t's byte offset in the heap); raises if there is none."""
-        start = t.untyped_storage().data_ptr() - self.bases[self.rank]
+        start = t.untyped_storage().data_ptr() - self._base
         block = self._at.get(start) or self._import_blocks.get(start)
-        if block is None or t.device != self.device:
+        if block is None or t.get_device() != self._device_index:
             offset = self.offset_of(t)  # names a tensor that is not on the heap at all
             raise ValueError(f"the tensor at heap offset {offset} belongs to no live allocation: it was freed "
                              "already (by ctx.free, scope() or garbage collection)")

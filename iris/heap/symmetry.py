@@ -21,6 +21,10 @@ def mode_from_env() -> str:
     return mode
 
 
+def _ignore(call) -> None:
+    pass
+
+
 def _text(call) -> str:
     return call if isinstance(call, str) else f"{call[0]}({', '.join(map(str, call[1:]))})"
 
@@ -39,18 +43,21 @@ class SymmetryCheck:
         self.agreed, self.since = 0, []  # call count at the last agreement, and calls after it
         self.reported = False  # a divergence was raised here already (close() does not raise it again)
         self._unhashed = []  # calls since the last token: hashed there, off the allocation path
+        # note(call): record() without its length check, for frees (never more than the allocations
+        # and imports recorded before them); a C call, no Python frame
+        self.note = self._unhashed.append if mode != "off" else _ignore
 
     def record(self, call) -> None:
         """call: a string, or a tuple (name, *args) formatted only when hashed."""
         if self.mode != "off":
             self._unhashed.append(call)
-            if len(self.since) < self.WINDOW:
-                self.since.append(call)
             if len(self._unhashed) >= 1024:
                 self._flush()
 
     def _flush(self) -> None:
         # one repr per batch; batches end at the same call on every rank that made the same calls
+        if len(self.since) < self.WINDOW:  # the window fills here, off the allocation path
+            self.since += self._unhashed[:self.WINDOW - len(self.since)]
         self._digest.update(repr(self._unhashed).encode())
         self.calls += len(self._unhashed)
         self.last = _text(self._unhashed[-1])

@@ -6,6 +6,7 @@ slice or dtype view over the memory is gone."""
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 
@@ -27,19 +28,30 @@ class _CudaArray:
         self.owner = owner
 
 
-def tensor_at(ptr: int, shape: torch.Size, dtype: torch.dtype, device: torch.device, owner=None) -> torch.Tensor:
-    """A contiguous tensor of shape and dtype at ptr on device, made in one step; owner (any object)
-    lives exactly as long as the tensor's storage."""
-    numel = shape.numel()
+def tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner=None, nbytes=None) -> torch.Tensor:
+    """A contiguous tensor of shape (a tuple or torch.Size) and dtype at ptr on device, made in one
+    step; owner (any object) lives exactly as long as the tensor's storage. nbytes: the size, if known."""
     if device.type == "cpu":
-        if numel == 0:  # frombuffer refuses empty buffers: an empty slice of a one-byte one
-            buf = (ctypes.c_uint8 * 1).from_address(ptr)
-            buf.owner = owner
-            return torch.frombuffer(buf, dtype=torch.uint8)[:0].view(dtype).view(shape)
-        buf = (ctypes.c_uint8 * (numel * dtype.itemsize)).from_address(ptr)
+        return host_tensor_at(ptr, shape, dtype, device, owner, nbytes)
+    return cuda_tensor_at(ptr, shape, dtype, device, owner, nbytes)
+
+
+def host_tensor_at(ptr: int, shape, dtype: torch.dtype, device=None, owner=None, nbytes=None) -> torch.Tensor:
+    """tensor_at for host memory."""
+    if nbytes is None:
+        nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:  # frombuffer refuses empty buffers: an empty slice of a one-byte one
+        buf = (ctypes.c_uint8 * 1).from_address(ptr)
         buf.owner = owner
-        t = torch.frombuffer(buf, dtype=dtype)
-        return t if len(shape) == 1 else t.view(shape)
+        return torch.frombuffer(buf, dtype=torch.uint8)[:0].view(dtype).view(shape)
+    buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
+    buf.owner = owner
+    t = torch.frombuffer(buf, dtype=dtype)
+    return t if len(shape) == 1 else t.view(shape)
+
+
+def cuda_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner=None, nbytes=None) -> torch.Tensor:
+    """tensor_at for device memory (nbytes is not needed: the interface carries the shape)."""
     typestr = _TYPESTR.get(dtype)
     if typestr is None:
         t = torch.as_tensor(_CudaArray(ptr, tuple(shape), _UINT[dtype.itemsize], owner), device=device)
