@@ -12,6 +12,7 @@ import torch
 
 from . import distributed
 from .allocators import ALLOCATORS
+from .allocators.offsets import round_up
 from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .host_collectives import broadcast, covers_job
@@ -25,7 +26,7 @@ ALIGN = 256
 
 def _internal_bytes(world: int) -> int:
     """Room for iris's own flags (the device barrier's, and later ones), kept outside heap_size."""
-    return -(-max(4096, 8 * (world + 1)) // ALIGN) * ALIGN
+    return round_up(max(4096, 8 * (world + 1)), ALIGN)
 
 
 def _shape(size) -> torch.Size:
@@ -105,7 +106,7 @@ class Iris:
 
     def _internal_flags(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         """count zeroed elements of iris's reserve (same offset on every rank): for iris's own flags."""
-        start = -(-self._internal_used // ALIGN) * ALIGN
+        start = round_up(self._internal_used, ALIGN)
         end = start + count * dtype.itemsize
         if end > self._internal.numel():
             raise IrisError(f"iris's internal reserve of {self._internal.numel()} bytes is full ({start} used, "

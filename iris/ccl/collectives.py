@@ -14,6 +14,7 @@ import weakref
 
 import torch
 
+from ..allocators.offsets import round_up
 from ..errors import IrisError
 from ..launch import Launcher
 from .config import Config, ReduceOp
@@ -30,10 +31,6 @@ class CollectiveError(IrisError, ValueError):
 
 def _pow2(x: int) -> int:
     return 1 << max(1, (x - 1).bit_length())
-
-
-def _up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 class _Plan:
@@ -128,7 +125,7 @@ class CCL:
         want = (inp.shape[0] // self.ctx.world,) + tuple(inp.shape[1:]) if inp.dim() else None
         if inp.dim() and inp.shape[0] % self.ctx.world:
             raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
-                                  f"the {self.ctx.world} ranks; pad it to {_up(inp.shape[0], self.ctx.world)}")
+                                  f"the {self.ctx.world} ranks; pad it to {round_up(inp.shape[0], self.ctx.world)}")
         self._run("rs", out, inp, group, config, want, ReduceOp(op))
 
     def all_to_all(self, out, inp, group=None, async_op=False, config=None):
@@ -220,9 +217,9 @@ class CCL:
             return self._plan_pull("ar", out, inp, op, config)
         self._ready()
         block, warps = self._block(config, inp), config.num_warps or 8
-        chunk = _up(-(-n // w), 16)
+        chunk = round_up(-(-n // w), 16)
         programs = max(1, min(config.comm_sms or self.sms, -(-chunk // block)))
-        per = _up(-(-chunk // programs), block)
+        per = round_up(-(-chunk // programs), block)
         programs = -(-chunk // per)
         ctx = self.ctx
         stage = ctx.empty(w * chunk, dtype=inp.dtype)
@@ -240,9 +237,9 @@ class CCL:
         n = out.numel() if mode == "rs" else inp.numel() // w if mode == "a2a" else inp.numel()
         chunks = w if mode in ("rs", "a2a") else 1
         block, warps = self._block(config, inp), config.num_warps or 8
-        cs = _up(n, 16)
+        cs = round_up(n, 16)
         programs = max(1, min(config.comm_sms or self.sms, -(-n // block)))
-        per = _up(-(-n // programs), block)
+        per = round_up(-(-n // programs), block)
         programs = -(-n // per)
         stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
         flags = ctx.zeros(programs * w, dtype=torch.int64)
