@@ -125,3 +125,45 @@ def test_matmul_world_one_transposed_and_odd():
             assert _close("matmul", out, (a.float() @ b.float()).cpu(), dtype) is None
     with pytest.raises(ValueError, match="B needs 50 rows"):
         matmul(A, B[:49])
+
+
+def rank_ops_repeat(dtype, M, N, K, reps):
+    """The same tensors called again and again with new data: from the third call on, ops replay a
+    captured graph (iris/launch.py), which must read the new data and advance its epochs."""
+    ctx = iris.iris(heap_size=1 << 28)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    m, k = M // w, K // w
+    a_rows, b_full = torch.empty(m, K, dtype=dtype, device=dev), torch.empty(K, N, dtype=dtype, device=dev)
+    a_cols, b_rows = torch.empty(M, k, dtype=dtype, device=dev), torch.empty(k, N, dtype=dtype, device=dev)
+    outs = {"ag": torch.empty(w * m, N, dtype=dtype, device=dev), "ar": torch.empty(M, N, dtype=dtype, device=dev),
+            "rs": torch.empty(m, N, dtype=dtype, device=dev), "mag": ctx.empty((w * m, N), dtype=dtype)}
+    errors = []
+    for rep in range(reps):
+        ins = _inputs(w, [(m, K)], dtype, 100 + rep)
+        Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(200 + rep)).to(dtype)
+        a_rows.copy_(ins[r][0]), b_full.copy_(Bg)
+        for o in outs.values():
+            o.fill_(float("nan"))
+        ctx.ops.all_gather_matmul(outs["ag"], a_rows, b_full)
+        ctx.ops.matmul_all_gather(outs["mag"], a_rows, b_full)
+        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        errors.append(_close(f"all_gather_matmul rep {rep}", outs["ag"], want, dtype))
+        errors.append(_close(f"matmul_all_gather rep {rep}", outs["mag"], want, dtype))
+        ins = _inputs(w, [(M, k), (k, N)], dtype, 300 + rep)
+        a_cols.copy_(ins[r][0]), b_rows.copy_(ins[r][1])
+        ctx.ops.matmul_all_reduce(outs["ar"], a_cols, b_rows)
+        ctx.ops.matmul_reduce_scatter(outs["rs"], a_cols, b_rows)
+        parts = [x[0].float() @ x[1].float() for x in ins]
+        want, scale = sum(p.to(dtype).float() for p in parts), w * max(p.abs().max().item() for p in parts)
+        errors.append(_close(f"matmul_all_reduce rep {rep}", outs["ar"], want, dtype, scale))
+        errors.append(_close(f"matmul_reduce_scatter rep {rep}", outs["rs"], want[r * m:(r + 1) * m], dtype, scale))
+    ctx.barrier()
+    ctx.close()
+    return [e for e in errors if e]
+
+
+@pytest.mark.gpu
+def test_fused_ops_gpu_repeated_calls_replay():
+    out = iris.spawn(rank_ops_repeat, 2, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6))
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"

@@ -8,6 +8,7 @@ its transpose's descriptor and flipped in registers (tl.trans), which wgmma cons
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import Launcher
 from .config import FusedConfig
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -159,13 +161,18 @@ def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None) 
 
 def launch(ws: dict, kernel, tensors: tuple, build) -> None:
     """kernel[grid](*args, **kw) with (grid, args, kw) = build(), remembered in ws while the same tensors
-    (addresses and strides) come back: an eager call then skips rebuilding descriptors and arguments.
-    The remembered arguments keep those tensors alive until other ones are passed."""
+    (addresses and strides) come back: an eager call then skips rebuilding descriptors and arguments,
+    and launches through iris.launch.Launcher (direct, then a replayed graph). The remembered arguments
+    keep those tensors alive until other ones are passed."""
     key = tuple((t.data_ptr(), t.stride()) for t in tensors)
     plan = ws.get("plan")
     if plan is None or plan[0] != key:
-        plan = ws["plan"] = (key, *build())
-    kernel[plan[1]](*plan[2], **plan[3])
+        grid, args, kw = build()
+        options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
+        params = list(inspect.signature(kernel.fn).parameters.values())[len(args):]
+        args = tuple(args) + tuple(kw[p.name] if p.name in kw else p.default for p in params)
+        plan = ws["plan"] = (key, Launcher(kernel, grid, **options), args)
+    plan[1].launch_trusted(plan[2], key)
 
 
 def check_operands(name: str, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> None:
