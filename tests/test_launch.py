@@ -42,6 +42,7 @@ def _check_repeats(dev, n=1000, reps=7):
     return L
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below covers it")
 def test_launcher_repeats_host():
     _check_repeats("cpu")
 
