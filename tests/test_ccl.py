@@ -148,6 +148,9 @@ def rank_host(dtypes, reps):
         bad += check_all_reduce(ctx, (5, 13), dtype, one, op)
     bad += check_all_reduce(ctx, (5, 13), torch.bfloat16, two, ReduceOp.MAX)
     bad += check_all_reduce(ctx, (5, 13), torch.bfloat16, two, heap=True)
+    # chunks (48) not a multiple of the block (32): the last block of a chunk must stop at its end
+    bad += check_all_reduce(ctx, (90,), torch.float32, Config(block_size=32, comm_sms=3, all_reduce_variant="two_shot"),
+                            heap=True)
     for dtype in dtypes[1::2]:
         bad += check_moves(ctx, (5, 7), dtype, one)
     single = Config(block_size=16, comm_sms=1)

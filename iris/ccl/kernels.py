@@ -134,7 +134,7 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
         for c in tl.static_range(WORLD):
             for s in range(lo, hi, BLOCK):
                 o = c * chunk + s + ar
-                mask = o < n
+                mask = (s + ar < hi) & (o < n)
                 tl.store(stage + o, tl.load(inp + o, mask=mask), mask=mask)
     if OUT_HEAP:
         dst = out
@@ -143,7 +143,7 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
     _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
     for s in range(lo, hi, BLOCK):
         o = rank * chunk + s + ar
-        mask = o < n
+        mask = (s + ar < hi) & (o < n)  # a last block past hi is the next rank's chunk: not ours to write
         acc = tl.load(src + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
         if IS_FLOAT:
             acc = acc.to(tl.float32)
@@ -168,5 +168,5 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
             if c != rank:
                 for s in range(lo, hi, BLOCK):
                     o = c * chunk + s + ar
-                    mask = o < n
+                    mask = (s + ar < hi) & (o < n)
                     tl.store(out + o, tl.load(gather + o, mask=mask), mask=mask)
