@@ -40,6 +40,28 @@ def _a2a_index(o, c, cols, WORLD: tl.constexpr):
 
 
 @triton.jit
+def _reduce_ranks(base, o, mask, heap_bases, mine, WORLD: tl.constexpr, VEC: tl.constexpr, OP: tl.constexpr,
+                  IS_FLOAT: tl.constexpr):
+    """base[o] of every rank combined by OP ("sum", "max", "min"), in rank order so that every rank gets
+    the same bits; floats in fp32. base: valid in this rank's view (heap base mine); VEC: elements per
+    16 bytes. Peer pointers are computed inline: the interpreter pays for every nested jit call."""
+    acc = tl.load(base + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
+    if IS_FLOAT:
+        acc = acc.to(tl.float32)
+    for q in tl.static_range(1, WORLD):
+        x = tl.load(base + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+        if IS_FLOAT:
+            x = x.to(tl.float32)
+        if OP == "max":
+            acc = tl.maximum(acc, x)
+        elif OP == "min":
+            acc = tl.minimum(acc, x)
+        else:
+            acc = acc + x
+    return acc
+
+
+@triton.jit
 def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity_stride, cols, rank, src,
                 WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
                 IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr):
@@ -78,19 +100,7 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
         for s in range(lo, hi, BLOCK):
             o = s + ar
             mask = o < n
-            acc = tl.load(at + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
-            if IS_FLOAT:
-                acc = acc.to(tl.float32)
-            for q in tl.static_range(1, WORLD):  # the same order on every rank: identical results
-                x = tl.load(at + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
-                if IS_FLOAT:
-                    x = x.to(tl.float32)
-                if OP == "max":
-                    acc = tl.maximum(acc, x)
-                elif OP == "min":
-                    acc = tl.minimum(acc, x)
-                else:
-                    acc = acc + x
+            acc = _reduce_ranks(at, o, mask, heap_bases, mine, WORLD, VEC, OP, IS_FLOAT)
             tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
     else:
         for q in tl.static_range(WORLD):
@@ -144,20 +154,7 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
     for s in range(lo, hi, BLOCK):
         o = rank * chunk + s + ar
         mask = (s + ar < hi) & (o < n)  # a last block past hi is the next rank's chunk: not ours to write
-        acc = tl.load(src + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
-        if IS_FLOAT:
-            acc = acc.to(tl.float32)
-        for q in tl.static_range(1, WORLD):
-            x = tl.load(src + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
-            if IS_FLOAT:
-                x = x.to(tl.float32)
-            if OP == "max":
-                acc = tl.maximum(acc, x)
-            elif OP == "min":
-                acc = tl.minimum(acc, x)
-            else:
-                acc = acc + x
-        r = acc.to(out.dtype.element_ty)
+        r = _reduce_ranks(src, o, mask, heap_bases, mine, WORLD, VEC, OP, IS_FLOAT).to(out.dtype.element_ty)
         tl.store(out + o, r, mask=mask)
         for q in tl.static_range(WORLD):
             if q != rank:
