@@ -136,6 +136,23 @@ def check_errors(ctx):
     return bad
 
 
+def check_spin_limit(ctx):
+    """Config.spin_limit: a program whose peer never joins gives up and marks its flag row with -1 (the
+    peer only builds the plan, which is collective, and does not call)."""
+    cfg = Config(block_size=16, comm_sms=1, all_reduce_variant="one_shot", spin_limit=20)
+    x, out = torch.ones(40, device=ctx.device), _poisoned((40,), torch.float32, ctx.device)
+    plan = ctx.ccl.all_reduce_preamble(out, x, config=cfg)
+    flags = plan.workspace[-2]
+    bad = [] if not (flags < 0).any() else ["flags marked before any call"]
+    if ctx.rank == 0:
+        ctx.ccl.all_reduce(out, x, config=cfg)
+        if not (flags < 0).any():
+            bad.append("a program whose peer never came did not mark its flags")
+    ctx.barrier()
+    ctx.ccl.free()
+    return bad
+
+
 def rank_host(dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     # small blocks: several programs, each with several steps, and a partial last block
@@ -157,6 +174,7 @@ def rank_host(dtypes, reps):
     bad += check_repeats(ctx, 45, single, reps)
     bad += check_repeats(ctx, 45, Config(block_size=16, comm_sms=1, all_reduce_variant="two_shot"), reps // 3)
     bad += check_group(ctx)
+    bad += check_spin_limit(ctx)
     ctx.close()
     return bad
 

@@ -228,7 +228,7 @@ class CCL:
         counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
         ctx.barrier()  # every rank's flags are zero before any rank signals into them
         args = (inp, out, stage, gather, flags, counters, ctx.get_heap_bases(), n, chunk, per, ctx.rank,
-                w, _pow2(w), op.value, inp.dtype.is_floating_point, False, False, block)
+                w, _pow2(w), op.value, inp.dtype.is_floating_point, False, False, block, config.spin_limit)
         return _Plan(two_shot_kernel, (programs,), args, warps, (stage, gather, flags, counters), "two_shot", 15)
 
     def _plan_pull(self, mode, out, inp, op, config, src=0):
@@ -247,7 +247,7 @@ class CCL:
         ctx.barrier()  # every rank's flags are zero before any rank signals into them
         cols = inp.shape[1] // w if mode == "a2a" else 1
         args = (inp, out, stage, flags, counters, ctx.get_heap_bases(), n, cs, per, chunks * cs, cols, ctx.rank, src,
-                w, _pow2(w), mode, op.value, inp.dtype.is_floating_point, block)
+                w, _pow2(w), mode, op.value, inp.dtype.is_floating_point, block, config.spin_limit)
         return _Plan(pull_kernel, (programs,), args, warps, (stage, flags, counters), "one_shot")
 
     def _block(self, config, inp) -> int:

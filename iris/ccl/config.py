@@ -24,15 +24,19 @@ class Config:
     one_shot_max_bytes: the largest all_reduce that "auto" does in one shot (default 4 MiB on 2 ranks,
     where one-shot measured faster than two-shot up to 4 MiB on 2x H200; 256 KiB on more ranks, not
     measured: one-shot reads world-1 full copies).
+    spin_limit: the most polls of a flag before a program gives up waiting for a peer (0: wait for
+    ever, the default). A program that gives up leaves wrong data and marks its flag row with -1; its
+    workspace is then unusable (ctx.ccl.free()). For benchmarks and tests that must not hang.
     """
     block_size: int = 0
     num_warps: int = 0
     comm_sms: int = 0
     all_reduce_variant: str = "auto"
     one_shot_max_bytes: int = 0
+    spin_limit: int = 0
 
     def __post_init__(self):
-        for name in ("block_size", "num_warps", "comm_sms", "one_shot_max_bytes"):
+        for name in ("block_size", "num_warps", "comm_sms", "one_shot_max_bytes", "spin_limit"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"Config.{name} must be an int >= 0 (0: automatic), got {v!r}")

@@ -16,19 +16,32 @@ from ..device.translate import _translate
 
 
 @triton.jit
-def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr):
+def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr, SPIN: tl.constexpr):
     """Writes epoch into slot `rank` of `row` on every peer (release, sys), then waits until every peer's
     slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
-    PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags."""
+    PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags.
+    SPIN: 0 waits for ever; else the most polls before giving up, which writes -1 into slot `rank` of
+    this rank's own row (no peer writes there) so the host can tell (Config.spin_limit)."""
     tl.debug_barrier()
     peers = tl.arange(0, PEERS)
     live = (peers < WORLD) & (peers != rank)
     slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
     pending = 1
-    while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
-        seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
-        pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+    if SPIN == 0:
+        while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
+            seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
+            pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+    else:
+        polls = 0
+        while pending > 0:
+            seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
+            pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+            polls += 1
+            if polls >= SPIN:
+                if pending > 0:
+                    tl.store(row + rank, -1)
+                pending = 0
     tl.debug_barrier()
 
 
@@ -64,7 +77,7 @@ def _reduce_ranks(base, o, mask, heap_bases, mine, WORLD: tl.constexpr, VEC: tl.
 @triton.jit
 def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity_stride, cols, rank, src,
                 WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
-                IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr):
+                IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """Stage this rank's input in the heap, exchange one flag per peer, then build out from the peers'
     staged copies. MODE: "ar" all_reduce, "ag" all_gather, "bc" broadcast from src, "rs"
     reduce_scatter, "a2a" all_to_all. n: elements per chunk; stage holds two copies (by epoch parity,
@@ -94,7 +107,7 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
                 else:
                     x = tl.load(inp + c * n + o, mask=mask)
                 tl.store(buf + c * cs + o, x, mask=mask)
-    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     if MODE == "ar" or MODE == "rs":
         at = buf if MODE == "ar" else buf + rank * cs
         for s in range(lo, hi, BLOCK):
@@ -121,7 +134,7 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
 @triton.jit
 def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, per, rank,
                     WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
-                    IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr):
+                    IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """all_reduce in two shots: rank r reduces chunk r by pulling it from every peer, then pushes the
     result into every peer. n elements in WORLD chunks of `chunk` (a multiple of 16); per: elements of
     each chunk per program (a multiple of BLOCK). IN_HEAP: peers read inp itself (the same heap tensor
@@ -150,7 +163,7 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
         dst = out
     else:
         dst = gather
-    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     for s in range(lo, hi, BLOCK):
         o = rank * chunk + s + ar
         mask = (s + ar < hi) & (o < n)  # a last block past hi is the next rank's chunk: not ours to write
@@ -159,7 +172,7 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
         for q in tl.static_range(WORLD):
             if q != rank:
                 tl.store(dst + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, r, mask=mask)
-    _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     if not OUT_HEAP:
         for c in tl.static_range(WORLD):
             if c != rank:
