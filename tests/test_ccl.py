@@ -156,11 +156,16 @@ def check_spin_limit(ctx):
 def rank_host(dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     # small blocks: several programs, each with several steps, and a partial last block
-    one, two = (Config(block_size=16, comm_sms=3, all_reduce_variant=v) for v in ("one_shot", "two_shot"))
+    one, two, one_push, two_push = (Config(block_size=16, comm_sms=3, all_reduce_variant=v)
+                                    for v in ("one_shot", "two_shot", "one_shot_push", "two_shot_push"))
     bad = check_errors(ctx)
     for dtype in dtypes:
-        for cfg in (one, two):
+        for cfg in (one, two, one_push, two_push):
             bad += check_all_reduce(ctx, (37,), dtype, cfg)
+    for cfg in (one_push, two_push):
+        bad += check_all_reduce(ctx, (5, 13), torch.float16, cfg, ReduceOp.MIN)
+        bad += check_all_reduce(ctx, (90,), torch.bfloat16, Config(block_size=32, comm_sms=3,
+                                all_reduce_variant=cfg.all_reduce_variant), heap=True)
     for dtype, op in ((torch.float32, ReduceOp.MAX), (torch.int32, ReduceOp.MIN)):
         bad += check_all_reduce(ctx, (5, 13), dtype, one, op)
     bad += check_all_reduce(ctx, (5, 13), torch.bfloat16, two, ReduceOp.MAX)
@@ -172,7 +177,8 @@ def rank_host(dtypes, reps):
         bad += check_moves(ctx, (5, 7), dtype, one)
     single = Config(block_size=16, comm_sms=1)
     bad += check_repeats(ctx, 45, single, reps)
-    bad += check_repeats(ctx, 45, Config(block_size=16, comm_sms=1, all_reduce_variant="two_shot"), reps // 3)
+    for v in ("two_shot", "one_shot_push", "two_shot_push"):
+        bad += check_repeats(ctx, 45, Config(block_size=16, comm_sms=1, all_reduce_variant=v), reps // 3)
     bad += check_group(ctx)
     bad += check_spin_limit(ctx)
     ctx.close()

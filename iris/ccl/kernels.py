@@ -1,5 +1,6 @@
 """Triton kernels of the collectives: one pull kernel (stage, one flag exchange, read the peers) for
-all_reduce one-shot, all_gather, reduce_scatter, all_to_all and broadcast; a two-shot all_reduce.
+all_reduce one-shot, all_gather, reduce_scatter, all_to_all and broadcast; a two-shot all_reduce;
+a push all_reduce (one- or two-shot by remote stores only).
 
 Synchronisation never leaves the device. Each program p of a launch owns a row of flags on every
 rank and an epoch counter in this rank's memory; it increments its counter (so CUDA graph replays
@@ -180,3 +181,86 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
                     o = c * chunk + s + ar
                     mask = (s + ar < hi) & (o < n)
                     tl.store(out + o, tl.load(gather + o, mask=mask), mask=mask)
+
+
+@triton.jit
+def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, per, parity_stride, rank,
+                WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
+                IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr,
+                TWO_SHOT: tl.constexpr):
+    """all_reduce with remote stores only (on NVLink, posted writes reach more bandwidth than loads that
+    wait for their data). Every rank writes into slot `rank` of peer q's stage what q reduces: chunk q of
+    its input (TWO_SHOT) or all of it (one shot); one exchange; then each rank reduces its part locally,
+    its own input and the WORLD-1 slots in rank order (identical bits everywhere). Two-shot then stores
+    the reduced chunk into every peer's out (OUT_HEAP: out is the same heap tensor on every rank) or
+    gather buffer, exchanges again and copies gather into out. inp is read once, on the heap or not
+    (IN_HEAP is unused: plans pass both residences).
+    n elements; chunk: elements per slot, a multiple of 16 (n/WORLD rounded up for two-shot, n rounded
+    up for one-shot); per: elements of a slot per program, a multiple of BLOCK. One-shot alternates
+    between two stages (parity_stride apart) by epoch parity, so one exchange is enough: a rank writes
+    a stage again only after every peer entered the next call, so finished reading it. Two-shot's second
+    exchange does that for its single stage and gather buffer."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    e = tl.load(counters + pid) + 1
+    tl.store(counters + pid, e)
+    buf = stage + (e % 2) * parity_stride
+    mine = tl.load(heap_bases + rank)
+    lo = pid * per
+    hi = tl.minimum(lo + per, chunk)
+    ar = tl.arange(0, BLOCK)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        for q in tl.static_range(WORLD):
+            if q != rank:
+                if TWO_SHOT:
+                    g = q * chunk + i
+                else:
+                    g = i
+                mask = (i < hi) & (g < n)
+                x = tl.load(inp + g, mask=mask)
+                peer = buf + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                tl.store(peer + rank * chunk + i, x, mask=mask)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        if TWO_SHOT:
+            g = rank * chunk + i
+        else:
+            g = i
+        mask = (i < hi) & (g < n)
+        for q in tl.static_range(WORLD):
+            if q == rank:
+                x = tl.load(inp + g, mask=mask)
+            else:
+                x = tl.load(buf + q * chunk + i, mask=mask)
+            if IS_FLOAT:
+                x = x.to(tl.float32)
+            if q == 0:
+                acc = x
+            elif OP == "max":
+                acc = tl.maximum(acc, x)
+            elif OP == "min":
+                acc = tl.minimum(acc, x)
+            else:
+                acc = acc + x
+        r = acc.to(out.dtype.element_ty)
+        tl.store(out + g, r, mask=mask)
+        if TWO_SHOT:
+            for q in tl.static_range(WORLD):
+                if q != rank:
+                    delta = tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                    if OUT_HEAP:
+                        tl.store(out + delta + g, r, mask=mask)
+                    else:
+                        tl.store(gather + delta + g, r, mask=mask)
+    if TWO_SHOT:
+        _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+        if not OUT_HEAP:
+            for c in tl.static_range(WORLD):
+                if c != rank:
+                    for s in range(lo, hi, BLOCK):
+                        i = s + ar
+                        g = c * chunk + i
+                        mask = (i < hi) & (g < n)
+                        tl.store(out + g, tl.load(gather + g, mask=mask), mask=mask)
