@@ -243,6 +243,12 @@ def rank_gpu(reps, replays):
         for dtype in (torch.bfloat16, torch.int32):
             bad += check_moves(ctx, rows, dtype)
     _progress(ctx, "heap tensors and moves checked")
+    for v in ("one_shot_push", "two_shot_push"):  # not picked by auto yet: a few shapes, plain and heap
+        cfg = Config(all_reduce_variant=v)
+        bad += check_all_reduce(ctx, (4097, 33), torch.bfloat16, cfg)
+        bad += check_all_reduce(ctx, (3 << 20,), torch.float32, cfg)
+        bad += check_all_reduce(ctx, (999, 17), torch.bfloat16, cfg, heap=True, rep=1)
+    _progress(ctx, "push variants checked")
     # thousands back to back, every result checked on the device (no host sync between calls)
     for n, cfg in ((4096, configs[0]), (1 << 16, configs[1]), (5 << 20, None)):
         xs_all = [[_data((n,), torch.bfloat16, q, rep, dev) for q in range(w)] for rep in range(7)]
