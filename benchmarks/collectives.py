@@ -275,6 +275,183 @@ def sweep(ctx, timer, gpu):
     return rows
 
 
+SWEEP_SETTINGS = ((0, 0, 0), (16384, 16, 0), (4096, 8, 0), (32768, 16, 0), (8192, 8, 264))  # block, warps, programs
+
+
+class Watchdog:
+    """Ends this rank (after dumping what was measured, on rank 0) if a step makes no progress for `limit`
+    seconds: a kernel that never returns must not hold the device call until its time runs out."""
+
+    def __init__(self, limit, dump):
+        import threading
+        import time
+        self.limit, self.dump, self.last, self.step = limit, dump, time.monotonic(), "start"
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def tick(self, step):
+        import time
+        self.last, self.step = time.monotonic(), step
+
+    def _watch(self):
+        import time
+        while True:
+            time.sleep(2)
+            if time.monotonic() - self.last > self.limit:
+                print(f"watchdog: no progress for {self.limit:.0f} s in {self.step}; ending this rank", flush=True)
+                try:
+                    self.dump(f"stopped by the watchdog in {self.step}")
+                finally:
+                    os._exit(3)
+
+
+def sweep_variants(ctx, timer, gpu, args, dump):
+    """all_reduce bf16 at 1, 16, 64, 256 MiB for each variant (pull one/two-shot, push one/two-shot) and
+    kernel setting, heap and plain tensors, eager and graph; NCCL and symm_mem two_shot_all_reduce_ in
+    the same run. Each (size, variant, setting, residence) is checked once before it is timed: out
+    poisoned with NaN, every element equal to NCCL's result (inputs are small integers, so every sum
+    is exact in any order). Kernels run with Config.spin_limit, so a variant that deadlocks gives up,
+    is recorded as failed and the sweep goes on; the watchdog covers the rest."""
+    rows, group = [], dist.group.WORLD
+    symm = None
+    if gpu:
+        import torch.distributed._symmetric_memory as symm_mem
+        symm = symm_mem
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+    sizes = [s for s in (MiB, 16 * MiB, 64 * MiB, 256 * MiB) if s <= args.max_bytes] or [args.max_bytes]
+    for nbytes in sizes:
+        n = nbytes // 2
+        calls = max(5, min(50, (256 * MiB) // nbytes)) if gpu else 2
+        g = torch.Generator(device=ctx.device).manual_seed(ctx.rank)
+        x = torch.randint(-16, 16, (n,), device=ctx.device, generator=g).to(torch.bfloat16)
+        ref = x.clone()
+        dist.all_reduce(ref)
+        base = {"bytes": nbytes, "calls_per_sample": calls}
+        ref_row = dict(base, variant="reference")
+        dump.tick(f"references {nbytes}")
+        y = torch.empty_like(x)
+        timer.both(ref_row, "nccl", lambda: dist.all_reduce(y), calls)
+        if symm is not None:
+            try:
+                t = symm.empty(n, dtype=torch.bfloat16, device=ctx.device)
+                symm.rendezvous(t, group.group_name)
+                t.copy_(x)
+                timer.both(ref_row, "symm_two_shot",
+                           lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", group.group_name), calls)
+                del t
+            except Exception as e:
+                ref_row["symm_error"] = f"{type(e).__name__}: {e}"[:200]
+        rows.append(ref_row)
+        dump.save(rows)
+        xh, yh = ctx.empty(n, dtype=torch.bfloat16).copy_(x), ctx.empty(n, dtype=torch.bfloat16)
+        tensors = {"plain": (x, y), "heap": (xh, yh)}
+        variants = [v for v, top in (("one_shot", 16 * MiB), ("two_shot", None), ("one_shot_push", 64 * MiB),
+                                     ("two_shot_push", None)) if top is None or nbytes <= top]
+        for variant in variants:
+            for block, warps, programs in SWEEP_SETTINGS if gpu else SWEEP_SETTINGS[:2]:
+                cfg = Config(block_size=block, num_warps=warps, comm_sms=programs, all_reduce_variant=variant,
+                             spin_limit=args.spin_limit)
+                for where, (x_, y_) in tensors.items():
+                    row = dict(base, variant=variant, block_size=block, num_warps=warps, comm_sms=programs,
+                               tensors=where)
+                    dump.tick(f"{variant} {nbytes} {block}/{warps}/{programs} {where}")
+                    row["ok"] = check_once(ctx, cfg, x_, y_, ref, row, gpu)
+                    if not row["ok"] and row["gave_up"]:  # maybe a peer still compiling: once more, fresh plan
+                        ctx.ccl.free()
+                        row["first_try"] = {k: row.pop(k) for k in ("wrong_elements", "gave_up", "error") if k in row}
+                        row["ok"] = check_once(ctx, cfg, x_, y_, ref, row, gpu)
+                    if row["ok"]:
+                        timer.both(row, "iris", lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
+                        row["gave_up_while_timed"] = gave_up(ctx, cfg, x_, y_)
+                    rows.append(row)
+                ctx.ccl.free()
+                dump.save(rows)
+            if ctx.rank == 0:
+                done = [r for r in rows if r["bytes"] == nbytes and r.get("variant") == variant]
+                print(f"sweep {_size(nbytes)} {variant}: " + "; ".join(
+                    f"{r['block_size']}/{r['num_warps']}/{r['comm_sms']} {r['tensors']} "
+                    + (f"{r.get('iris_graph_us') or 0:.1f}" if r["ok"] else "FAILED") for r in done), flush=True)
+        ctx.free(yh)
+        ctx.free(xh)
+    return rows
+
+
+def gave_up(ctx, cfg, x, y):
+    """Whether a program of this call's plan gave up waiting (Config.spin_limit), on any rank."""
+    plan = ctx.ccl.plans.get(("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, cfg))
+    mine = bool(plan is not None and (plan.workspace[-2] < 0).any().item())
+    return bool(slowest(int(mine)))
+
+
+def check_once(ctx, cfg, x, y, ref, row, gpu):
+    """One call into a NaN-poisoned out, compared with NCCL's result element by element; True where every
+    rank got it right. A host error is recorded; every rank makes the same collective calls either way."""
+    try:
+        y.fill_(float("nan"))
+        ctx.ccl.all_reduce(y, x, config=cfg)
+        torch.cuda.synchronize() if gpu else None
+        row["wrong_elements"] = int((y != ref).sum().item())  # NaN != anything: a poisoned element left counts
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+    row["gave_up"] = gave_up(ctx, cfg, x, y)
+    return not slowest(int("error" in row or row["wrong_elements"] > 0 or row["gave_up"]))
+
+
+def _size(nbytes):
+    return f"{nbytes >> 20}M" if nbytes >= MiB else f"{nbytes >> 10}K"
+
+
+def sweep_table(rows):
+    """One line per (size, variant, setting): graph / eager us for plain and heap tensors."""
+    def f(v):
+        return f"{v:7.1f}" if v else f"{'-':>7}"
+    lines = ["all_reduce bf16 variant sweep, us per call: plain graph/eager | heap graph/eager",
+             f"{'size':>5} {'variant':<14} {'blk/warps/progs':<16} {'plain':>15} | {'heap':>15}"]
+    keyed = {}
+    for r in rows:
+        if r["variant"] == "reference":
+            lines.append(f"{_size(r['bytes']):>5} {'nccl':<14} {'':<16} {f(r.get('nccl_graph_us'))}/"
+                         f"{f(r.get('nccl_eager_us'))} | symm_mem two-shot {f(r.get('symm_two_shot_graph_us'))}/"
+                         f"{f(r.get('symm_two_shot_eager_us'))}")
+            continue
+        keyed.setdefault((r["bytes"], r["variant"], r["block_size"], r["num_warps"], r["comm_sms"]), {})[r["tensors"]] = r
+    for (nbytes, variant, b, w, p), by in keyed.items():
+        cells = []
+        for where in ("plain", "heap"):
+            r = by.get(where)
+            cells.append("FAILED" if r is None or not r["ok"] else
+                         f"{f(r.get('iris_graph_us'))}/{f(r.get('iris_eager_us'))}")
+        lines.append(f"{_size(nbytes):>5} {variant:<14} {f'{b}/{w}/{p}':<16} {cells[0]:>15} | {cells[1]:>15}")
+    return "\n".join(lines)
+
+
+class Dump:
+    """Rank 0 rewrites the sweep's JSON after every step, so a run ended early keeps what it measured."""
+
+    def __init__(self, rank, args):
+        self.rank, self.args, self.rows, self.watchdog = rank, args, [], None
+
+    def tick(self, step):
+        if self.watchdog is not None:
+            self.watchdog.tick(step)
+
+    def save(self, rows, note=None):
+        self.rows = rows
+        if self.rank != 0:
+            return None
+        payload = {"dtype": "bfloat16", "units": "microseconds per call, median", "sweep": rows,
+                   "settings": "block_size/num_warps/comm_sms, 0 = default (8192 bf16 elements, 8 warps, one "
+                               "program per SM)", "spin_limit": self.args.spin_limit,
+                   "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+                   "table": sweep_table(rows).splitlines()}
+        if note:
+            payload["note"] = note
+        return write_result("collectives_variants", payload, self.args.out)
+
+    def __call__(self, note):
+        self.save(self.rows, note)
+
+
 def table(ar, moves):
     def f(v):
         return f"{v:8.1f}" if v else f"{'-':>8}"
@@ -300,11 +477,19 @@ def main(argv=None) -> int:
     p.add_argument("--max-bytes", type=int, default=256 * MiB)
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--dry-run", action="store_true", help="host: tiny sizes, gloo, no graphs")
+    p.add_argument("--sweep-variants", action="store_true",
+                   help="only the all_reduce variant/setting sweep (1, 16, 64, 256 MiB; JSON collectives_variants-*)")
+    p.add_argument("--spin-limit", type=int, default=1 << 24,
+                   help="--sweep-variants: Config.spin_limit of every kernel (polls before a program gives up)")
+    p.add_argument("--watchdog", type=float, default=120.0,
+                   help="--sweep-variants: seconds without progress before a rank dumps its results and ends")
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.dry_run
     if args.dry_run:
         args.max_bytes = min(args.max_bytes, KiB)
     rank, world = init_torch_distributed()
+    if args.sweep_variants:
+        return main_sweep(args, gpu, rank, world)
     ctx = iris.iris(heap_size=(8 * args.max_bytes * world + 256 * MiB) if gpu else 1 << 26)
     sizes = [1 << p for p in range(10, 29, 2) if (1 << p) <= args.max_bytes]
     if gpu and args.max_bytes >= MiB and MiB not in sizes:
@@ -327,6 +512,23 @@ def main(argv=None) -> int:
         print(f"wrote {path}")
     ok = all(r["checked_vs_nccl"] for r in moves) and all(
         r.get("iris_max_abs_diff_vs_nccl", 0) == 0 for r in ar) if world == 2 and gpu else True
+    ctx.barrier()
+    ctx.close()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def main_sweep(args, gpu, rank, world) -> int:
+    ctx = iris.iris(heap_size=(6 * args.max_bytes + 512 * MiB) if gpu else 1 << 26)
+    timer = Timer(ctx, gpu, args.samples if gpu else 1)
+    dump = Dump(rank, args)
+    dump.watchdog = Watchdog(args.watchdog, dump)
+    rows = sweep_variants(ctx, timer, gpu, args, dump)
+    path = dump.save(rows)
+    if rank == 0:
+        print(sweep_table(rows))
+        print(f"wrote {path}")
+    ok = all(r["ok"] for r in rows if r["variant"] in ("one_shot", "two_shot"))  # the measured kernels
     ctx.barrier()
     ctx.close()
     dist.destroy_process_group()

@@ -136,24 +136,51 @@ def check_errors(ctx):
     return bad
 
 
+def check_spin_limit(ctx):
+    """Config.spin_limit: a program whose peer never joins gives up and marks its flag row with -1 (the
+    peer only builds the plan, which is collective, and does not call)."""
+    cfg = Config(block_size=16, comm_sms=1, all_reduce_variant="one_shot", spin_limit=20)
+    x, out = torch.ones(40, device=ctx.device), _poisoned((40,), torch.float32, ctx.device)
+    plan = ctx.ccl.all_reduce_preamble(out, x, config=cfg)
+    flags = plan.workspace[-2]
+    bad = [] if not (flags < 0).any() else ["flags marked before any call"]
+    if ctx.rank == 0:
+        ctx.ccl.all_reduce(out, x, config=cfg)
+        if not (flags < 0).any():
+            bad.append("a program whose peer never came did not mark its flags")
+    ctx.barrier()
+    ctx.ccl.free()
+    return bad
+
+
 def rank_host(dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     # small blocks: several programs, each with several steps, and a partial last block
-    one, two = (Config(block_size=16, comm_sms=3, all_reduce_variant=v) for v in ("one_shot", "two_shot"))
+    one, two, one_push, two_push = (Config(block_size=16, comm_sms=3, all_reduce_variant=v)
+                                    for v in ("one_shot", "two_shot", "one_shot_push", "two_shot_push"))
     bad = check_errors(ctx)
     for dtype in dtypes:
-        for cfg in (one, two):
+        for cfg in (one, two, one_push, two_push):
             bad += check_all_reduce(ctx, (37,), dtype, cfg)
+    for cfg in (one_push, two_push):
+        bad += check_all_reduce(ctx, (5, 13), torch.float16, cfg, ReduceOp.MIN)
+        bad += check_all_reduce(ctx, (90,), torch.bfloat16, Config(block_size=32, comm_sms=3,
+                                all_reduce_variant=cfg.all_reduce_variant), heap=True)
     for dtype, op in ((torch.float32, ReduceOp.MAX), (torch.int32, ReduceOp.MIN)):
         bad += check_all_reduce(ctx, (5, 13), dtype, one, op)
     bad += check_all_reduce(ctx, (5, 13), torch.bfloat16, two, ReduceOp.MAX)
     bad += check_all_reduce(ctx, (5, 13), torch.bfloat16, two, heap=True)
+    # chunks (48) not a multiple of the block (32): the last block of a chunk must stop at its end
+    bad += check_all_reduce(ctx, (90,), torch.float32, Config(block_size=32, comm_sms=3, all_reduce_variant="two_shot"),
+                            heap=True)
     for dtype in dtypes[1::2]:
         bad += check_moves(ctx, (5, 7), dtype, one)
     single = Config(block_size=16, comm_sms=1)
     bad += check_repeats(ctx, 45, single, reps)
-    bad += check_repeats(ctx, 45, Config(block_size=16, comm_sms=1, all_reduce_variant="two_shot"), reps // 3)
+    for v in ("two_shot", "one_shot_push", "two_shot_push"):
+        bad += check_repeats(ctx, 45, Config(block_size=16, comm_sms=1, all_reduce_variant=v), reps // 3)
     bad += check_group(ctx)
+    bad += check_spin_limit(ctx)
     ctx.close()
     return bad
 
@@ -216,6 +243,12 @@ def rank_gpu(reps, replays):
         for dtype in (torch.bfloat16, torch.int32):
             bad += check_moves(ctx, rows, dtype)
     _progress(ctx, "heap tensors and moves checked")
+    for v in ("one_shot_push", "two_shot_push"):  # not picked by auto yet: a few shapes, plain and heap
+        cfg = Config(all_reduce_variant=v)
+        bad += check_all_reduce(ctx, (4097, 33), torch.bfloat16, cfg)
+        bad += check_all_reduce(ctx, (3 << 20,), torch.float32, cfg)
+        bad += check_all_reduce(ctx, (999, 17), torch.bfloat16, cfg, heap=True, rep=1)
+    _progress(ctx, "push variants checked")
     # thousands back to back, every result checked on the device (no host sync between calls)
     for n, cfg in ((4096, configs[0]), (1 << 16, configs[1]), (5 << 20, None)):
         xs_all = [[_data((n,), torch.bfloat16, q, rep, dev) for q in range(w)] for rep in range(7)]

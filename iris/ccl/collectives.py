@@ -19,7 +19,7 @@ from ..allocators.offsets import round_up
 from ..errors import IrisError
 from ..launch import Launcher
 from .config import Config, ReduceOp
-from .kernels import pull_kernel, two_shot_kernel
+from .kernels import pull_kernel, push_kernel, two_shot_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 _DEFAULT = Config()
@@ -218,19 +218,26 @@ class CCL:
             return self._plan_pull("ar", out, inp, op, config)
         self._ready()
         block, warps = self._block(config, inp), config.num_warps or 8
-        chunk = round_up(-(-n // w), 16)
+        one = variant == "one_shot_push"  # one-shot push: every rank's whole input in every peer's stage
+        chunk = round_up(n if one else -(-n // w), 16)
         programs = max(1, min(config.comm_sms or self.sms, -(-chunk // block)))
         per = round_up(-(-chunk // programs), block)
         programs = -(-chunk // per)
         ctx = self.ctx
-        stage = ctx.empty(w * chunk, dtype=inp.dtype)
-        gather = ctx.empty(w * chunk, dtype=inp.dtype)
-        flags = ctx.zeros(2 * programs * w, dtype=torch.int64)
+        stage = ctx.empty((2 if one else 1) * w * chunk, dtype=inp.dtype)
+        gather = None if one else ctx.empty(w * chunk, dtype=inp.dtype)
+        flags = ctx.zeros((1 if one else 2) * programs * w, dtype=torch.int64)
         counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
         ctx.barrier()  # every rank's flags are zero before any rank signals into them
-        args = (inp, out, stage, gather, flags, counters, ctx.get_heap_bases(), n, chunk, per, ctx.rank,
-                w, _pow2(w), op.value, inp.dtype.is_floating_point, False, False, block)
-        return _Plan(two_shot_kernel, (programs,), args, warps, (stage, gather, flags, counters), "two_shot", 15)
+        head = (inp, out, stage, gather if gather is not None else stage, flags, counters, ctx.get_heap_bases(), n,
+                chunk, per)
+        tail = (w, _pow2(w), op.value, inp.dtype.is_floating_point, False, False, block, config.spin_limit)
+        workspace = (stage, flags, counters) if one else (stage, gather, flags, counters)
+        # _Plan.variant "two_shot" makes all_reduce pass (inp, out on the heap) into the two constexprs at flag_at
+        if variant == "two_shot":
+            return _Plan(two_shot_kernel, (programs,), head + (ctx.rank,) + tail, warps, workspace, "two_shot", 15)
+        args = head + (w * chunk if one else 0, ctx.rank) + tail + (not one,)
+        return _Plan(push_kernel, (programs,), args, warps, workspace, "one_shot" if one else "two_shot", 16)
 
     def _plan_pull(self, mode, out, inp, op, config, src=0):
         self._ready()
@@ -248,7 +255,7 @@ class CCL:
         ctx.barrier()  # every rank's flags are zero before any rank signals into them
         cols = inp.shape[1] // w if mode == "a2a" else 1
         args = (inp, out, stage, flags, counters, ctx.get_heap_bases(), n, cs, per, chunks * cs, cols, ctx.rank, src,
-                w, _pow2(w), mode, op.value, inp.dtype.is_floating_point, block)
+                w, _pow2(w), mode, op.value, inp.dtype.is_floating_point, block, config.spin_limit)
         return _Plan(pull_kernel, (programs,), args, warps, (stage, flags, counters), "one_shot")
 
     def _block(self, config, inp) -> int:

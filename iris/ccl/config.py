@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-VARIANTS = ("auto", "one_shot", "two_shot")
+VARIANTS = ("auto", "one_shot", "two_shot", "one_shot_push", "two_shot_push")
 
 
 class ReduceOp(str, Enum):
@@ -23,16 +23,22 @@ class Config:
     device's SM count, 4 on the host); all_reduce_variant: "auto", "one_shot" or "two_shot";
     one_shot_max_bytes: the largest all_reduce that "auto" does in one shot (default 4 MiB on 2 ranks,
     where one-shot measured faster than two-shot up to 4 MiB on 2x H200; 256 KiB on more ranks, not
-    measured: one-shot reads world-1 full copies).
+    measured: one-shot reads world-1 full copies). "one_shot_push" and "two_shot_push" move data with
+    remote stores only (each rank writes into its peers' stage, then reduces locally) and read inp
+    once, on the heap or not; "auto" does not pick them (not measured on GPUs yet).
+    spin_limit: the most polls of a flag before a program gives up waiting for a peer (0: wait for
+    ever, the default). A program that gives up leaves wrong data and marks its flag row with -1; its
+    workspace is then unusable (ctx.ccl.free()). For benchmarks and tests that must not hang.
     """
     block_size: int = 0
     num_warps: int = 0
     comm_sms: int = 0
     all_reduce_variant: str = "auto"
     one_shot_max_bytes: int = 0
+    spin_limit: int = 0
 
     def __post_init__(self):
-        for name in ("block_size", "num_warps", "comm_sms", "one_shot_max_bytes"):
+        for name in ("block_size", "num_warps", "comm_sms", "one_shot_max_bytes", "spin_limit"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"Config.{name} must be an int >= 0 (0: automatic), got {v!r}")

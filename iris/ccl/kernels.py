@@ -1,5 +1,6 @@
 """Triton kernels of the collectives: one pull kernel (stage, one flag exchange, read the peers) for
-all_reduce one-shot, all_gather, reduce_scatter, all_to_all and broadcast; a two-shot all_reduce.
+all_reduce one-shot, all_gather, reduce_scatter, all_to_all and broadcast; a two-shot all_reduce;
+a push all_reduce (one- or two-shot by remote stores only).
 
 Synchronisation never leaves the device. Each program p of a launch owns a row of flags on every
 rank and an epoch counter in this rank's memory; it increments its counter (so CUDA graph replays
@@ -16,19 +17,32 @@ from ..device.translate import _translate
 
 
 @triton.jit
-def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr):
+def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr, SPIN: tl.constexpr):
     """Writes epoch into slot `rank` of `row` on every peer (release, sys), then waits until every peer's
     slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
-    PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags."""
+    PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags.
+    SPIN: 0 waits for ever; else the most polls before giving up, which writes -1 into slot `rank` of
+    this rank's own row (no peer writes there) so the host can tell (Config.spin_limit)."""
     tl.debug_barrier()
     peers = tl.arange(0, PEERS)
     live = (peers < WORLD) & (peers != rank)
     slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
     pending = 1
-    while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
-        seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
-        pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+    if SPIN == 0:
+        while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
+            seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
+            pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+    else:
+        polls = 0
+        while pending > 0:
+            seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
+            pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+            polls += 1
+            if polls >= SPIN:
+                if pending > 0:
+                    tl.store(row + rank, -1)
+                pending = 0
     tl.debug_barrier()
 
 
@@ -40,9 +54,31 @@ def _a2a_index(o, c, cols, WORLD: tl.constexpr):
 
 
 @triton.jit
+def _reduce_ranks(base, o, mask, heap_bases, mine, WORLD: tl.constexpr, VEC: tl.constexpr, OP: tl.constexpr,
+                  IS_FLOAT: tl.constexpr):
+    """base[o] of every rank combined by OP ("sum", "max", "min"), in rank order so that every rank gets
+    the same bits; floats in fp32. base: valid in this rank's view (heap base mine); VEC: elements per
+    16 bytes. Peer pointers are computed inline: the interpreter pays for every nested jit call."""
+    acc = tl.load(base + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
+    if IS_FLOAT:
+        acc = acc.to(tl.float32)
+    for q in tl.static_range(1, WORLD):
+        x = tl.load(base + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+        if IS_FLOAT:
+            x = x.to(tl.float32)
+        if OP == "max":
+            acc = tl.maximum(acc, x)
+        elif OP == "min":
+            acc = tl.minimum(acc, x)
+        else:
+            acc = acc + x
+    return acc
+
+
+@triton.jit
 def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity_stride, cols, rank, src,
                 WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
-                IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr):
+                IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """Stage this rank's input in the heap, exchange one flag per peer, then build out from the peers'
     staged copies. MODE: "ar" all_reduce, "ag" all_gather, "bc" broadcast from src, "rs"
     reduce_scatter, "a2a" all_to_all. n: elements per chunk; stage holds two copies (by epoch parity,
@@ -72,25 +108,13 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
                 else:
                     x = tl.load(inp + c * n + o, mask=mask)
                 tl.store(buf + c * cs + o, x, mask=mask)
-    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     if MODE == "ar" or MODE == "rs":
         at = buf if MODE == "ar" else buf + rank * cs
         for s in range(lo, hi, BLOCK):
             o = s + ar
             mask = o < n
-            acc = tl.load(at + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
-            if IS_FLOAT:
-                acc = acc.to(tl.float32)
-            for q in tl.static_range(1, WORLD):  # the same order on every rank: identical results
-                x = tl.load(at + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
-                if IS_FLOAT:
-                    x = x.to(tl.float32)
-                if OP == "max":
-                    acc = tl.maximum(acc, x)
-                elif OP == "min":
-                    acc = tl.minimum(acc, x)
-                else:
-                    acc = acc + x
+            acc = _reduce_ranks(at, o, mask, heap_bases, mine, WORLD, VEC, OP, IS_FLOAT)
             tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
     else:
         for q in tl.static_range(WORLD):
@@ -111,7 +135,7 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
 @triton.jit
 def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, per, rank,
                     WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
-                    IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr):
+                    IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """all_reduce in two shots: rank r reduces chunk r by pulling it from every peer, then pushes the
     result into every peer. n elements in WORLD chunks of `chunk` (a multiple of 16); per: elements of
     each chunk per program (a multiple of BLOCK). IN_HEAP: peers read inp itself (the same heap tensor
@@ -134,39 +158,109 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
         for c in tl.static_range(WORLD):
             for s in range(lo, hi, BLOCK):
                 o = c * chunk + s + ar
-                mask = o < n
+                mask = (s + ar < hi) & (o < n)
                 tl.store(stage + o, tl.load(inp + o, mask=mask), mask=mask)
     if OUT_HEAP:
         dst = out
     else:
         dst = gather
-    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     for s in range(lo, hi, BLOCK):
         o = rank * chunk + s + ar
-        mask = o < n
-        acc = tl.load(src + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
-        if IS_FLOAT:
-            acc = acc.to(tl.float32)
-        for q in tl.static_range(1, WORLD):
-            x = tl.load(src + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+        mask = (s + ar < hi) & (o < n)  # a last block past hi is the next rank's chunk: not ours to write
+        r = _reduce_ranks(src, o, mask, heap_bases, mine, WORLD, VEC, OP, IS_FLOAT).to(out.dtype.element_ty)
+        tl.store(out + o, r, mask=mask)
+        for q in tl.static_range(WORLD):
+            if q != rank:
+                tl.store(dst + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, r, mask=mask)
+    _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+    if not OUT_HEAP:
+        for c in tl.static_range(WORLD):
+            if c != rank:
+                for s in range(lo, hi, BLOCK):
+                    o = c * chunk + s + ar
+                    mask = (s + ar < hi) & (o < n)
+                    tl.store(out + o, tl.load(gather + o, mask=mask), mask=mask)
+
+
+@triton.jit
+def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, per, parity_stride, rank,
+                WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
+                IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr,
+                TWO_SHOT: tl.constexpr):
+    """all_reduce with remote stores only (on NVLink, posted writes reach more bandwidth than loads that
+    wait for their data). Every rank writes into slot `rank` of peer q's stage what q reduces: chunk q of
+    its input (TWO_SHOT) or all of it (one shot); one exchange; then each rank reduces its part locally,
+    its own input and the WORLD-1 slots in rank order (identical bits everywhere). Two-shot then stores
+    the reduced chunk into every peer's out (OUT_HEAP: out is the same heap tensor on every rank) or
+    gather buffer, exchanges again and copies gather into out. inp is read once, on the heap or not
+    (IN_HEAP is unused: plans pass both residences).
+    n elements; chunk: elements per slot, a multiple of 16 (n/WORLD rounded up for two-shot, n rounded
+    up for one-shot); per: elements of a slot per program, a multiple of BLOCK. One-shot alternates
+    between two stages (parity_stride apart) by epoch parity, so one exchange is enough: a rank writes
+    a stage again only after every peer entered the next call, so finished reading it. Two-shot's second
+    exchange does that for its single stage and gather buffer."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    e = tl.load(counters + pid) + 1
+    tl.store(counters + pid, e)
+    buf = stage + (e % 2) * parity_stride
+    mine = tl.load(heap_bases + rank)
+    lo = pid * per
+    hi = tl.minimum(lo + per, chunk)
+    ar = tl.arange(0, BLOCK)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        for q in tl.static_range(WORLD):
+            if q != rank:
+                if TWO_SHOT:
+                    g = q * chunk + i
+                else:
+                    g = i
+                mask = (i < hi) & (g < n)
+                x = tl.load(inp + g, mask=mask)
+                peer = buf + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                tl.store(peer + rank * chunk + i, x, mask=mask)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        if TWO_SHOT:
+            g = rank * chunk + i
+        else:
+            g = i
+        mask = (i < hi) & (g < n)
+        for q in tl.static_range(WORLD):
+            if q == rank:
+                x = tl.load(inp + g, mask=mask)
+            else:
+                x = tl.load(buf + q * chunk + i, mask=mask)
             if IS_FLOAT:
                 x = x.to(tl.float32)
-            if OP == "max":
+            if q == 0:
+                acc = x
+            elif OP == "max":
                 acc = tl.maximum(acc, x)
             elif OP == "min":
                 acc = tl.minimum(acc, x)
             else:
                 acc = acc + x
         r = acc.to(out.dtype.element_ty)
-        tl.store(out + o, r, mask=mask)
-        for q in tl.static_range(WORLD):
-            if q != rank:
-                tl.store(dst + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, r, mask=mask)
-    _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
-    if not OUT_HEAP:
-        for c in tl.static_range(WORLD):
-            if c != rank:
-                for s in range(lo, hi, BLOCK):
-                    o = c * chunk + s + ar
-                    mask = o < n
-                    tl.store(out + o, tl.load(gather + o, mask=mask), mask=mask)
+        tl.store(out + g, r, mask=mask)
+        if TWO_SHOT:
+            for q in tl.static_range(WORLD):
+                if q != rank:
+                    delta = tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                    if OUT_HEAP:
+                        tl.store(out + delta + g, r, mask=mask)
+                    else:
+                        tl.store(gather + delta + g, r, mask=mask)
+    if TWO_SHOT:
+        _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+        if not OUT_HEAP:
+            for c in tl.static_range(WORLD):
+                if c != rank:
+                    for s in range(lo, hi, BLOCK):
+                        i = s + ar
+                        g = c * chunk + i
+                        mask = (i < hi) & (g < n)
+                        tl.store(out + g, tl.load(gather + g, mask=mask), mask=mask)
