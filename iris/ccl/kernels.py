@@ -231,19 +231,18 @@ def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, 
         mask = (i < hi) & (g < n)
         for q in tl.static_range(WORLD):
             if q == rank:
-                x = tl.load(inp + g, mask=mask)
+                v = tl.load(inp + g, mask=mask)
             else:
-                x = tl.load(buf + q * chunk + i, mask=mask)
-            if IS_FLOAT:
-                x = x.to(tl.float32)
+                v = tl.load(buf + q * chunk + i, mask=mask)
+            y = v.to(tl.float32) if IS_FLOAT else v
             if q == 0:
-                acc = x
+                acc = y
             elif OP == "max":
-                acc = tl.maximum(acc, x)
+                acc = tl.maximum(acc, y)
             elif OP == "min":
-                acc = tl.minimum(acc, x)
+                acc = tl.minimum(acc, y)
             else:
-                acc = acc + x
+                acc = acc + y
         r = acc.to(out.dtype.element_ty)
         tl.store(out + g, r, mask=mask)
         if TWO_SHOT:
