@@ -262,3 +262,100 @@ def test_safetensors_loader_and_module_to_heap(tmp_path):
         assert res["all_heap"] and res["equal"] and res["shard_peer"], res
         assert res["module_zero_copy"] and res["module_forward"], res
         assert res["plain_on_heap"] and res["plain_forward"], res
+
+
+def _file_fds():
+    """This process's open fds that are not sockets (the host's handles are memfds)."""
+    return sum(not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:") for fd in os.listdir("/proc/self/fd")
+               if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
+def rank_streamed(out_dir):
+    """Pages travel in several background steps; a rank whose export fails, and one that dies,
+    are named on every rank, and nothing stays mapped or open."""
+    import json
+    _zero_copy_env()
+    ctx = iris.iris(heap_size=1 << 28, allocator="vmem", timeout=30)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    ctx.heap.IMPORT_STEP = 2
+    q, res = (r + 1) % w, {}
+    sizes = [1000 + 517 * i for i in range(9)]
+    xs = [_vmm_backed((_pattern(n, r) + i).to(dev)) for i, n in enumerate(sizes)]
+    fds0, exchanges = _file_fds(), ctx.heap.stats["exchanges"]
+    views = ctx.as_symmetric(xs)
+    res["steps"] = ctx.heap.stats["exchanges"] - exchanges
+    res["phases"] = sorted(ctx.heap.stats["as_symmetric_ms"])
+    res["zero_copy"] = all(ctx.is_zero_copy(v) and torch.equal(v, x) for v, x in zip(views, xs))
+    res["offsets"] = [ctx.heap.offset_of(v) for v in views]
+    ctx.barrier()
+    res["peer"] = all(torch.equal(ctx.peer_view(v, q), (_pattern(n, q) + i).to(dev))
+                      for i, (v, n) in enumerate(zip(views, sizes)))
+    ctx.barrier()
+    for v in views:
+        ctx.free(v)
+    res["fds_after_free"] = _file_fds() - fds0
+    # rank 1's third export fails: every rank raises naming it, and the heap stays as it was
+    ys = [_vmm_backed((_pattern(n, r) - i).to(dev)) for i, n in enumerate(sizes)]
+    foreign, fds0, export = _foreign(ctx), _file_fds(), ctx.heap.driver.export
+    if r == 1:
+        calls = [0]
+
+        def failing_export(handle):
+            calls[0] += 1
+            if calls[0] == 3:
+                raise iris.errors.DriverError("export", 999, "injected")
+            return export(handle)
+        ctx.heap.driver.export = failing_export
+    try:
+        ctx.as_symmetric(ys)
+        res["failed"] = "no error"
+    except iris.IrisError as e:
+        res["failed"] = f"{type(e).__name__}: {e}"
+    if r == 1:
+        del ctx.heap.driver.export
+    res["after_failure"] = (_foreign(ctx) - foreign, _file_fds() - fds0)
+    again = ctx.as_symmetric(ys)
+    ctx.barrier()
+    res["again_peer"] = all(torch.equal(ctx.peer_view(v, q), (_pattern(n, q) - i).to(dev))
+                            for i, (v, n) in enumerate(zip(again, sizes)))
+    ctx.barrier()
+    for v in again:
+        ctx.free(v)
+    # the last rank dies after its second export, part way through the exchange
+    zs = [_vmm_backed((_pattern(n, r) * 2).to(dev)) for n in sizes]
+    foreign, fds0 = _foreign(ctx), _file_fds()
+    if r == w - 1:
+        calls = [0]
+
+        def dying_export(handle):
+            calls[0] += 1
+            if calls[0] == 3:
+                os._exit(9)
+            return export(handle)
+        ctx.heap.driver.export = dying_export
+    try:
+        ctx.as_symmetric(zs)
+        res["died"] = ["no error"]
+    except iris.BootstrapError as e:
+        res["died"] = [list(e.missing), str(e)]
+    res["after_death"] = (_foreign(ctx) - foreign, _file_fds() - fds0)
+    with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
+        json.dump(res, f)
+    ctx.close()
+
+
+def test_pages_stream_in_steps_and_failures_name_the_rank(tmp_path):
+    import json
+    with pytest.raises(RuntimeError, match="rank 2 failed: exited with code 9"):
+        iris.spawn(rank_streamed, 3, args=(str(tmp_path),), timeout=240)
+    out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r, res in enumerate(out):
+        assert res["steps"] == 1 + 5, f"rank {r}: 9 pages in steps of 2 take 5 steps after the plan, got {res['steps']}"
+        assert {"export", "map own", "import peers", "set access peers"} <= set(res["phases"]), res["phases"]
+        assert res["zero_copy"] and res["peer"] and res["fds_after_free"] == 0, res
+        said = "DriverError: export failed" if r == 1 else "IrisError: as_symmetric: ranks [1] failed"
+        assert res["failed"].startswith(said) and "injected" in res["failed"], res["failed"]
+        assert res["after_failure"] == [0, 0] and res["again_peer"], res
+        assert 2 in res["died"][0] and "rank 2" in res["died"][1], res["died"]
+        assert res["after_death"][0] == 0 and res["after_death"][1] <= 0, res
+    assert out[0]["offsets"] == out[1]["offsets"]

@@ -59,11 +59,16 @@ def recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
         raise ConnectionResetError(f"peer sent a frame of {size} bytes and {nfds} fds, over the limit")
     obj = pickle.loads(_recv_exact(sock, size))
     fds: List[int] = []
-    while len(fds) < nfds:
-        _, got, _, _ = socket.recv_fds(sock, 1, _FDS_PER_MSG)
-        if not got:
-            raise ConnectionResetError("peer closed the connection while sending fds")
-        fds += got
+    try:
+        while len(fds) < nfds:
+            _, got, _, _ = socket.recv_fds(sock, 1, _FDS_PER_MSG)
+            fds += got
+            if not got:
+                raise ConnectionResetError("peer closed the connection while sending fds")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     for fd in fds:
         os.set_inheritable(fd, False)
     return obj, fds
@@ -214,6 +219,20 @@ class Group:
             objs, counts = self._answer(what)
             return self._split(objs, counts, fds)
         objs, all_fds = [obj] + [None] * (self.world - 1), [list(fds)] + [[] for _ in range(self.world - 1)]
+        try:
+            self._gather(objs, all_fds, what)
+        except BaseException:
+            for fd in (fd for f in all_fds[1:] for fd in f):
+                os.close(fd)  # a rank that sent its fds before another failed must not leak them here
+            raise
+        counts = [len(f) for f in all_fds]
+        for r, conn in self._peers.items():
+            others = [fd for q, f in enumerate(all_fds) if q != r for fd in f]
+            self._send(conn, ("ok", (objs, counts)), others, r, what)
+        return objs, all_fds
+
+    def _gather(self, objs, all_fds, what: str) -> None:
+        """Rank 0: every peer's message of this exchange into objs and all_fds."""
         pending = dict(self._peers)
         deadline = time.monotonic() + self.timeout
         while pending:
@@ -233,11 +252,6 @@ class Group:
                     self._fail(f"rank {r} is at {tag} while rank 0 is at {what}: the ranks' collective calls "
                                "diverged (same calls, same order, same sizes on every rank)", [r], SymmetryError)
                 del pending[r]
-        counts = [len(f) for f in all_fds]
-        for r, conn in self._peers.items():
-            others = [fd for q, f in enumerate(all_fds) if q != r for fd in f]
-            self._send(conn, ("ok", (objs, counts)), others, r, what)
-        return objs, all_fds
 
     def allgather(self, obj: Any, what: str = "allgather") -> list:
         """Every rank's object, in rank order. Collective: all ranks, same order."""

@@ -3,16 +3,32 @@ memory) into the heap without a copy, and sharing it with peers."""
 from __future__ import annotations
 
 import bisect
+import time
 from typing import List, Optional
 
 from ..allocators.offsets import round_up
-from ..errors import SymmetryError
+from ..distributed.background import BackgroundExchanges
+from ..errors import IrisError, SymmetryError
 from .lifetime import Block
 from .peers import _close_all, _runs
 
 
+class _Clock:
+    """Milliseconds per phase, summed over laps: where an import's time goes (the benchmark prints it)."""
+
+    def __init__(self):
+        self.laps, self._t = {}, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        t = time.perf_counter()
+        self.laps[phase] = self.laps.get(phase, 0.0) + 1e3 * (t - self._t)
+        self._t = t
+
+
 class Imports:
     """The SymmetricHeap's as_symmetric machinery: retain, group, map, exchange."""
+
+    IMPORT_STEP = 32  # pages whose fds travel in one background exchange
 
     def _retain_runs(self, ranges):
         """Per (ptr, nbytes): (ptr, start, end) of the run of whole VMM pages holding it, None where
@@ -76,83 +92,144 @@ class Imports:
             ends = [r[i][2] for r in runs]
         return groups
 
-    def _exported(self, runs, pages):
-        """(base, size) of each page under a run, in address order, and an fd exported for each:
-        sent with the runs so that one exchange does the whole import."""
+    @staticmethod
+    def _layout(runs, pages):
+        """(base, size) of each page under a run, in address order: what peers need to map them."""
         bases = set()
         for r in runs:
             b = None if r is None else r[1]
             while r is not None and b < r[2]:
                 bases.add(b)
                 b += pages[b][0]
-        bases, fds = sorted(bases), []
-        try:
-            for b in bases:
-                fds.append(self.driver.export(pages[b][1]))
-        except BaseException:
-            _close_all(fds)
-            raise
-        return [(b, pages[b][0]) for b in bases], fds
+        return [(b, pages[b][0]) for b in sorted(bases)]
+
+    @staticmethod
+    def _wanted(runs, sizes, plan):
+        """Bases of one rank's pages under the placed groups, in address order: the fds it sends."""
+        bases = set()
+        for group, _ in plan:
+            base, end = runs[group[0]][1], max(runs[i][2] for i in group)
+            while base < end:
+                bases.add(base)
+                base += sizes[base]
+        return sorted(bases)
 
     def adopt(self, ranges, metas, call: str) -> List[Optional[int]]:
         """Map the memory behind each (ptr, nbytes) into the heap so that each tensor sits at one
         offset on every rank, and share it with peers. metas name the tensors (ranks must agree).
         Returns each offset, None where some rank cannot map it (nothing mapped; the caller copies).
         Tensors that neighbour each other share a region, so a page under two of them is mapped
-        once. One exchange for the batch: each rank sends its runs with an fd per page, so the
-        slowest rank is waited for once (fds of pages no rank maps are closed unused). Collective."""
+        once. Collective.
+
+        First one small exchange of every rank's runs and page layout, from which every rank works
+        out the same plan (which tensors share a region, where each region goes, which pages each
+        rank sends). Then fds are exported and sent in steps of IMPORT_STEP pages by a background
+        thread, while this thread exports the next step and maps its own pages: waiting for a
+        slower peer hides behind this rank's own driver calls. Peers' pages are mapped as their
+        steps arrive. timings (ms per phase) lands in stats["as_symmetric_ms"]."""
+        clock = _Clock()
         runs, pages = self._retain_runs(ranges)
-        offsets, adopted, imported, received = [None] * len(ranges), [], [], []
+        clock.lap("retain")
+        offsets, adopted, imported, received = [None] * len(ranges), [], [], {p: {} for p in self.peers}
         try:
-            layout, own = self._exported(runs, pages) if self.peers else ([], [])
-            try:
-                got, fds = self.group.exchange((runs, metas, layout, self.symmetry.token(call), self._queue()), own,
-                                               "as_symmetric")
-            finally:
-                _close_all(own)
+            layout = self._layout(runs, pages)
+            got = self.group.allgather((runs, metas, layout, self.symmetry.token(call), self._queue()), "as_symmetric")
             self.stats["exchanges"] += 1
-            received = [fd for p in self.peers for fd in fds[p]]
+            clock.lap("plan exchange")
             self._release_agreed([o[4] for o in got])
             self.symmetry.compare([o[3] for o in got], self.rank, call)
             if any(o[1] != metas for o in got):
                 raise SymmetryError(f"{call}: ranks import different tensors: {[o[1] for o in got]}")
             everyone = [o[0] for o in got]
-            tables = {p: {b: (size, fd) for (b, size), fd in zip(got[p][2], fds[p])} for p in self.peers}
-            views = {p: [] for p in self.peers}  # (offset, size) of each peer page mapped, for set_access
-            for group in self._groups(everyone):
-                placed = self._place(everyone, group)
-                if placed is None:
-                    continue  # the tensors sit at different places in their pages: no common offset
-                top, span = placed
-                region = self._map_own(runs, pages, group, top, span, adopted)
-                for i in group:
-                    off = region + top + runs[i][0] - runs[group[0]][0]
-                    offsets[i] = off
-                    self._adopted.setdefault(off, [region, 0])[1] += 1
-                    if off not in self._import_blocks:
-                        self._import_blocks[off] = Block(off, ranges[i][1], -1, gc=False)
-                for p in self.peers:
-                    ptr, base, _ = everyone[p][group[0]]
-                    end, at = max(everyone[p][i][2] for i in group), region + top - (ptr - base)
-                    while base < end:
-                        size, fd = tables[p][base]
-                        self._import(p, at, size, fd, imported)
-                        views[p].append((at, size))
-                        base, at = base + size, at + size
-            for p in self.peers:
-                for lo, hi in _runs(views[p]):
-                    self.driver.set_access(self._peer_va[p] + lo, hi - lo)
+            plan = [(g, placed) for g in self._groups(everyone) for placed in [self._place(everyone, g)]
+                    if placed is not None]  # None: the tensors sit at different places in their pages
+            sizes = [dict(o[2]) for o in got]
+            wanted = [self._wanted(everyone[q], sizes[q], plan) for q in range(self.world)]
+            step = self.IMPORT_STEP
+            steps = -(-max(map(len, wanted)) // step) if self.peers else 0
+            self.stats["exchanges"] += steps
+            clock.lap("plan")
+            with BackgroundExchanges(self.group, steps, "as_symmetric pages") as stream:
+                try:
+                    own = wanted[self.rank]
+                    for k in range(steps):
+                        stream.send(self._export_pages(pages, own[k * step:(k + 1) * step]))
+                    clock.lap("export")
+                    regions = [self._map_own(runs, pages, g, top, span, adopted) for g, (top, span) in plan]
+                    clock.lap("map own")
+                    taken = [0]
+
+                    def fd_of(p, base):
+                        while base not in received[p]:
+                            clock.lap("import peers")
+                            self._take_step(stream, wanted, received, taken, step)
+                            clock.lap("wait for peers")
+                        return received[p][base]
+
+                    views = {p: [] for p in self.peers}  # (offset, size) of each peer page mapped
+                    for (group, (top, span)), region in zip(plan, regions):
+                        for i in group:
+                            off = region + top + runs[i][0] - runs[group[0]][0]
+                            offsets[i] = off
+                            self._adopted.setdefault(off, [region, 0])[1] += 1
+                            if off not in self._import_blocks:
+                                self._import_blocks[off] = Block(off, ranges[i][1], -1, gc=False)
+                        for p in self.peers:
+                            ptr, base, _ = everyone[p][group[0]]
+                            end, at = max(everyone[p][i][2] for i in group), region + top - (ptr - base)
+                            while base < end:
+                                size = sizes[p][base]
+                                self._import(p, at, size, fd_of(p, base), imported)
+                                views[p].append((at, size))
+                                base, at = base + size, at + size
+                    clock.lap("import peers")
+                    while taken[0] < steps:  # a peer may still report a failure in a later step
+                        self._take_step(stream, wanted, received, taken, step)
+                    clock.lap("wait for peers")
+                    for p in self.peers:
+                        for lo, hi in _runs(views[p]):
+                            self.driver.set_access(self._peer_va[p] + lo, hi - lo)
+                    clock.lap("set access peers")
+                except BaseException as e:
+                    stream.fail(f"{type(e).__name__}: {e}")
+                    raise
         except BaseException:
             self._unimport(imported)
             self._undo_adopted(adopted)
             raise
         finally:
             self._release_pages(pages)
-            _close_all(received)
+            _close_all(fd for p in received for fd in received[p].values())
+            clock.lap("close fds")
+            self.stats["as_symmetric_ms"] = clock.laps
         if adopted:
             self.stats["growths"] += 1
         self.symmetry.record(call)
         return offsets
+
+    def _export_pages(self, pages, bases):
+        """An fd for each page at bases (none left open if one export fails)."""
+        fds = []
+        try:
+            for b in bases:
+                fds.append(self.driver.export(pages[b][1]))
+        except BaseException:
+            _close_all(fds)
+            raise
+        return fds
+
+    def _take_step(self, stream, wanted, received, taken, step) -> None:
+        """The next step's fds, filed under their pages' bases; a peer's failure raises here."""
+        k = taken[0]
+        taken[0] += 1
+        notes, fds = stream.next()
+        for p in self.peers:
+            received[p].update(zip(wanted[p][k * step:(k + 1) * step], fds[p]))
+        failed = {p: n for p, n in enumerate(notes) if n is not None and p != self.rank}
+        if failed:
+            raise IrisError(f"as_symmetric: ranks {sorted(failed)} failed while sharing their pages "
+                               f"({'; '.join(f'rank {p}: {n}' for p, n in sorted(failed.items()))}); "
+                               "nothing was imported on any rank")
 
     def _place(self, everyone, group):
         """(top, span) of the group's region, the same on every rank: its first tensor lands at
