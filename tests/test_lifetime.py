@@ -218,6 +218,71 @@ def test_trim_never_unmaps_memory_under_a_live_tensor():
         assert ok and first < (12 << 20) <= second, (first, second)
 
 
+def _foreign(ctx):
+    return sum(s.foreign for s in ctx.heap.alloc.segments)
+
+
+def rank_free_import_under_views():
+    """ctx.free of zero-copy imports while views of them live: the views stay valid (no unmap under
+    them), and the region goes, on every rank at one collective point, once the last view is gone."""
+    ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    q = (r + 1) % w
+    n = 1 << 20
+    store = torch.empty(2 * n, dtype=torch.float32).share_memory_()
+    store.copy_(torch.arange(2 * n, dtype=torch.float32) + 10.0 * (r + 1))
+    a, b = store[:n], store[n:]
+    ctx.barrier()
+    gc.collect()
+    base = _usage()
+    h = ctx.as_symmetric([a, b])
+    region = [ctx.heap.offset_of(t) for t in h]
+    v = h[0][:10]
+    pv = ctx.peer_view(h[1], q)
+    ctx.barrier()
+    ctx.free(h[0])
+    ctx.free(h[1])
+    ctx.barrier()  # a collective point: views still live on every rank, so nothing may go
+    v.fill_(-3.0)  # before the fix: unmapped at free, and this segfaulted
+    res = {"alias": bool((a[:10] == -3.0).all()) and torch.equal(a[10:], torch.arange(10, n) + 10.0 * (r + 1))}
+    res["peer"] = torch.equal(pv, torch.arange(n, 2 * n, dtype=torch.float32) + 10.0 * (q + 1))
+    res["whole"] = torch.equal(h[1], b)
+    fresh = [ctx.full((n,), -1.0) for _ in range(4)]  # must land outside the imported region
+    res["fresh"] = all(bool((f == -1.0).all()) for f in fresh) and torch.equal(h[1], b)
+    res["mapped"] = _foreign(ctx)
+    if r == 0:
+        del v, h, pv  # rank 0 lets go before the next collective point, the others after it
+    gc.collect()
+    ctx.barrier()
+    res["kept_until_all"] = _foreign(ctx)
+    if r != 0:
+        del v, h, pv
+    gc.collect()
+    ctx.barrier()  # now every rank has let go: the region goes everywhere, at this point
+    res["released"] = _foreign(ctx)
+    del fresh
+    gc.collect()
+    ctx.trim()  # collects, and gives the chunks fresh used back: the heap's own mappings to baseline
+    res["state"] = (sorted(ctx.heap.alloc.offsets.live.items()), ctx.heap.alloc.offsets.free_blocks())
+    res["usage"] = (base, _usage())
+    res["region"] = region
+    res["user"] = torch.equal(store[1:10], torch.full((9,), -3.0)) and torch.equal(b, torch.arange(n, 2 * n) + 10.0 * (r + 1))
+    ctx.close()
+    return res
+
+
+@host_only
+def test_free_of_an_import_keeps_it_mapped_under_live_views():
+    out = iris.spawn(rank_free_import_under_views, 2)  # ranks are processes: a segfault fails the spawn
+    for r, res in enumerate(out):
+        assert res["alias"] and res["peer"] and res["whole"] and res["fresh"] and res["user"], res
+        assert res["mapped"] > 0 and res["kept_until_all"] == res["mapped"], res
+        assert res["released"] == 0, f"rank {r}: the region outlived its last view ({res['released']} segments)"
+        assert res["state"] == out[0]["state"] and res["region"] == out[0]["region"], "ranks diverged"
+        base, end = res["usage"]
+        assert end[0] == base[0] and end[2] == base[2], f"rank {r}: fds/mappings {base} -> {end}"
+
+
 # -- GPUs ---------------------------------------------------------------------------------------
 def rank_gpu_after_close(allocator):
     torch.cuda.init()
