@@ -218,6 +218,52 @@ def test_trim_never_unmaps_memory_under_a_live_tensor():
         assert ok and first < (12 << 20) <= second, (first, second)
 
 
+def test_owner_lives_exactly_as_long_as_the_last_view():
+    """views.tensor_at's owner survives every tensor, slice, dtype view and untyped_storage()
+    handle over the memory, and dies with the last; data stays right through the survivors."""
+    from iris.heap.views import tensor_at
+    store = torch.arange(64 * 64, dtype=torch.float32) * 7 + 3
+    died = []
+
+    class Owner:
+        def __del__(self):
+            died.append(True)
+
+    t = tensor_at(store.data_ptr(), torch.Size((64, 64)), torch.float32, torch.device("cpu"), Owner())
+    handles = [t[5:9], t.view(torch.int32), t.untyped_storage(), t.view(-1)[100:], t.t(), t[3], t.view(torch.bfloat16)]
+    last = t.view(torch.int32)[10:12]  # rows 10 and 11, as int32: outlives everything else
+    poison = torch.full((64,), -9.5)
+    t[10] = poison  # through the tensor, read back later through the survivor
+    del t
+    for i in range(len(handles)):
+        handles[i] = None
+        gc.collect()
+        assert not died, f"the owner died while handle {i + 1} of {len(handles)} and a slice were alive"
+    assert torch.equal(last.view(torch.float32)[0], poison) and torch.equal(store[10 * 64:11 * 64], poison)
+    expect = torch.arange(11 * 64, 12 * 64, dtype=torch.float32) * 7 + 3
+    assert torch.equal(last.view(torch.float32)[1], expect)  # every element of the other row
+    last[1] = torch.full((64,), 5, dtype=torch.int32)  # and writes through it land in the memory
+    assert torch.equal(store[11 * 64:12 * 64].view(torch.int32), torch.full((64,), 5, dtype=torch.int32))
+    del last
+    gc.collect()
+    assert died == [True], "the owner outlived the last view (or died twice)"
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_heap_block_queued_only_after_its_last_view(allocator):
+    with iris.iris(heap_size=1 << 22, allocator=allocator) as ctx:
+        x = ctx.full((32, 32), 4.0)
+        block = ctx.heap.block_of(x)[0]
+        views = [x[3], x.view(torch.int16), x.untyped_storage(), x.t()[1:], ctx.peer_view(x, 0)]
+        del x
+        for i in range(len(views)):
+            assert block.tensors > 0 and not ctx.heap._queued, f"queued with {len(views) - i} handles left"
+            views[i] = None
+            gc.collect()
+        assert block.tensors == 0 and list(ctx.heap._queued) == [block.serial]
+        assert ctx.collect() == block.nbytes
+
+
 def _foreign(ctx):
     return sum(s.foreign for s in ctx.heap.alloc.segments)
 

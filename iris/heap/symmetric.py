@@ -14,7 +14,7 @@ from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
-from .views import cuda_tensor_at, host_tensor_at, tensor_at
+from .views import tensor_at
 
 _ALIGN_TEXT = {256: "align=256"}  # the usual call's text, not formatted per allocation
 
@@ -38,7 +38,6 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
-        self._view = cuda_tensor_at if self._capturable else host_tensor_at
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:
@@ -96,7 +95,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         """A fresh heap tensor of shape and dtype: one allocation, one view. Collective."""
         nbytes = math.prod(shape) * dtype.itemsize
         block = self.allocate(nbytes)
-        return self._view(self._base + block.offset, shape, dtype, self.device, Owner(self, block), nbytes)
+        return tensor_at(self._base + block.offset, shape, dtype, self.device, Owner(self, block), nbytes)
 
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse. Collective: all ranks, same order."""

@@ -1,64 +1,34 @@
-"""Torch tensors over raw addresses, without copying: ctypes buffers on the host, the CUDA array
-interface on GPUs. torch keeps the object it made the tensor from alive exactly as long as the
-tensor's storage (frombuffer holds the buffer, as_tensor the array-interface object, and each drops
-it when the storage is freed), so an owner attached to that object learns when the last view,
-slice or dtype view over the memory is gone."""
+"""Torch tensors over raw addresses, without copying, the same way on the host and on GPUs.
+
+The memory is wrapped in an UntypedStorage that does not own it. torch keeps a storage's Python
+object alive exactly as long as the C++ storage (every tensor, view, slice or dtype view over it,
+and every untyped_storage() handle), so an owner set as an attribute of that object learns when
+the last of them is gone."""
 from __future__ import annotations
 
-import ctypes
 import math
 
 import torch
 
-# numpy type strings torch reads from __cuda_array_interface__; other dtypes (bfloat16, float8...)
-# are made as the unsigned int of their size and viewed.
-_TYPESTR = {torch.bool: "|b1", torch.uint8: "|u1", torch.int8: "|i1", torch.int16: "<i2", torch.int32: "<i4",
-            torch.int64: "<i8", torch.float16: "<f2", torch.float32: "<f4", torch.float64: "<f8",
-            torch.complex64: "<c8", torch.complex128: "<c16"}
-_UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
-
-
-class _CudaArray:
-    """The smallest object torch.as_tensor accepts as a view of device memory, carrying an owner."""
-
-    __slots__ = ("__cuda_array_interface__", "owner")
-
-    def __init__(self, ptr: int, shape, typestr: str, owner):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr, "version": 2}
-        self.owner = owner
+_storage_at = torch._C._construct_storage_from_data_pointer  # (ptr, device, nbytes): a non-owning storage
+_templates = {}  # (dtype, device) -> an empty tensor; template.new(storage) is a tensor of its dtype over storage
 
 
 def tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner=None, nbytes=None) -> torch.Tensor:
-    """A contiguous tensor of shape (a tuple or torch.Size) and dtype at ptr on device, made in one
-    step; owner (any object) lives exactly as long as the tensor's storage. nbytes: the size, if known."""
-    if device.type == "cpu":
-        return host_tensor_at(ptr, shape, dtype, device, owner, nbytes)
-    return cuda_tensor_at(ptr, shape, dtype, device, owner, nbytes)
-
-
-def host_tensor_at(ptr: int, shape, dtype: torch.dtype, device=None, owner=None, nbytes=None) -> torch.Tensor:
-    """tensor_at for host memory."""
+    """A contiguous tensor of shape (a tuple or torch.Size) and dtype at ptr on device; owner (any
+    object) lives exactly as long as the tensor's storage. nbytes: the size, if the caller knows it."""
     if nbytes is None:
         nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:  # frombuffer refuses empty buffers: an empty slice of a one-byte one
-        buf = (ctypes.c_uint8 * 1).from_address(ptr)
-        buf.owner = owner
-        return torch.frombuffer(buf, dtype=torch.uint8)[:0].view(dtype).view(shape)
-    buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
-    buf.owner = owner
-    t = torch.frombuffer(buf, dtype=dtype)
+    storage = _storage_at(ptr, device, nbytes)
+    if owner is not None:
+        storage.owner = owner
+    template = _templates.get((dtype, device))
+    if template is None:
+        template = _templates[(dtype, device)] = torch.empty(0, dtype=dtype, device=device)
+    t = template.new(storage)  # one C++ call: an empty tensor of the template's kind, set_ to storage
     return t if len(shape) == 1 else t.view(shape)
-
-
-def cuda_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner=None, nbytes=None) -> torch.Tensor:
-    """tensor_at for device memory (nbytes is not needed: the interface carries the shape)."""
-    typestr = _TYPESTR.get(dtype)
-    if typestr is None:
-        t = torch.as_tensor(_CudaArray(ptr, tuple(shape), _UINT[dtype.itemsize], owner), device=device)
-        return t.view(dtype)
-    return torch.as_tensor(_CudaArray(ptr, tuple(shape), typestr, owner), device=device)
 
 
 def bytes_at(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
     """A uint8 tensor aliasing [ptr, ptr + nbytes) on device."""
-    return tensor_at(ptr, torch.Size((nbytes,)), torch.uint8, device)
+    return tensor_at(ptr, (nbytes,), torch.uint8, device, None, nbytes)
