@@ -35,8 +35,22 @@ class Owner:
         heap._alive += 1
 
     def __del__(self):
+        """Only bookkeeping (no driver call, no collective), as it may run anywhere Python drops a
+        tensor; written out here rather than in a heap method, a call less per tensor."""
         try:
-            self.heap._tensor_died(self.block)
+            block, heap = self.block, self.heap
+            block.tensors -= 1
+            heap._alive -= 1
+            if not block.tensors:
+                if block.freed:
+                    heap._pinned.pop(block.serial, None)
+                    if block.region is not None:
+                        heap._region_unused(block.region)
+                elif block.gc and not heap.closed:
+                    heap._queued[block.serial] = block
+            if heap._teardown_pending and not heap._alive:
+                heap._teardown_pending = False
+                heap._teardown()
         except Exception:  # interpreter shutdown: nothing left to tell
             pass
 
@@ -53,22 +67,6 @@ class Lifetimes:
         self._alive = 0                       # owners alive, over every block (and peer views)
         self._regions_freed = 0               # import regions whose imports were all freed: -1, -2, ...
         self._teardown_pending = False
-
-    def _tensor_died(self, block: Block) -> None:
-        """An Owner's finalizer: only bookkeeping (no driver call, no collective), as it may run
-        anywhere Python drops a tensor."""
-        block.tensors -= 1
-        self._alive -= 1
-        if not block.tensors:
-            if block.freed:
-                self._pinned.pop(block.serial, None)
-                if block.region is not None:
-                    self._region_unused(block.region)
-            elif block.gc and not self.closed:
-                self._queued[block.serial] = block
-        if not self._alive and self._teardown_pending:
-            self._teardown_pending = False
-            self._teardown()
 
     def _queue(self) -> List[int]:
         return sorted(self._queued)

@@ -14,7 +14,7 @@ from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
-from .views import tensor_at
+from .views import tensor_at, tensor_maker
 
 _ALIGN_TEXT = {256: "align=256"}  # the usual call's text, not formatted per allocation
 
@@ -38,6 +38,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
+        self._view = tensor_maker(device)
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:
@@ -62,7 +63,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         call = ("allocate", nbytes, _ALIGN_TEXT.get(align) or f"align={align}")
         if self.symmetry.mode == "full":
             self.check_symmetry(f"allocate({nbytes}, {align})")
-        size = (max(nbytes, 1) + align - 1) & -align
+        size = ((nbytes or 1) + align - 1) & -align
         try:
             offset, new = self.alloc.allocate(size, align, self._may_grow)
         except HeapOutOfMemory as e:
@@ -95,7 +96,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         """A fresh heap tensor of shape and dtype: one allocation, one view. Collective."""
         nbytes = math.prod(shape) * dtype.itemsize
         block = self.allocate(nbytes)
-        return tensor_at(self._base + block.offset, shape, dtype, self.device, Owner(self, block), nbytes)
+        return self._view(self._base + block.offset, shape, dtype, self.device, Owner(self, block), nbytes)
 
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse. Collective: all ranks, same order."""
