@@ -218,6 +218,120 @@ def test_trim_never_unmaps_memory_under_a_live_tensor():
         assert ok and first < (12 << 20) <= second, (first, second)
 
 
+@pytest.mark.parametrize("maker", ["host_tensor_at", "device_tensor_at"])
+def test_owner_lives_exactly_as_long_as_the_last_view(maker):
+    """The owner of a tensor views.py made survives every tensor, slice, dtype view and
+    untyped_storage() handle over the memory, and dies with the last; data stays right through the
+    survivors. Both ways run on host memory (the GPUs' way is the storage one)."""
+    from iris.heap import views
+    tensor_at = getattr(views, maker)
+    store = torch.arange(64 * 64, dtype=torch.float32) * 7 + 3
+    died = []
+
+    class Owner:
+        def __del__(self):
+            died.append(True)
+
+    t = tensor_at(store.data_ptr(), torch.Size((64, 64)), torch.float32, torch.device("cpu"), Owner())
+    handles = [t[5:9], t.view(torch.int32), t.untyped_storage(), t.view(-1)[100:], t.t(), t[3], t.view(torch.bfloat16)]
+    last = t.view(torch.int32)[10:12]  # rows 10 and 11, as int32: outlives everything else
+    poison = torch.full((64,), -9.5)
+    t[10] = poison  # through the tensor, read back later through the survivor
+    del t
+    for i in range(len(handles)):
+        handles[i] = None
+        gc.collect()
+        assert not died, f"the owner died while handle {i + 1} of {len(handles)} and a slice were alive"
+    assert torch.equal(last.view(torch.float32)[0], poison) and torch.equal(store[10 * 64:11 * 64], poison)
+    expect = torch.arange(11 * 64, 12 * 64, dtype=torch.float32) * 7 + 3
+    assert torch.equal(last.view(torch.float32)[1], expect)  # every element of the other row
+    last[1] = torch.full((64,), 5, dtype=torch.int32)  # and writes through it land in the memory
+    assert torch.equal(store[11 * 64:12 * 64].view(torch.int32), torch.full((64,), 5, dtype=torch.int32))
+    del last
+    gc.collect()
+    assert died == [True], "the owner outlived the last view (or died twice)"
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_heap_block_queued_only_after_its_last_view(allocator):
+    with iris.iris(heap_size=1 << 22, allocator=allocator) as ctx:
+        x = ctx.full((32, 32), 4.0)
+        block = ctx.heap.block_of(x)[0]
+        views = [x[3], x.view(torch.int16), x.untyped_storage(), x.t()[1:], ctx.peer_view(x, 0)]
+        del x
+        for i in range(len(views)):
+            assert block.tensors > 0 and not ctx.heap._queued, f"queued with {len(views) - i} handles left"
+            views[i] = None
+            gc.collect()
+        assert block.tensors == 0 and list(ctx.heap._queued) == [block.serial]
+        assert ctx.collect() == block.nbytes
+
+
+def _foreign(ctx):
+    return sum(s.foreign for s in ctx.heap.alloc.segments)
+
+
+def rank_free_import_under_views():
+    """ctx.free of zero-copy imports while views of them live: the views stay valid (no unmap under
+    them), and the region goes, on every rank at one collective point, once the last view is gone."""
+    ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    q = (r + 1) % w
+    n = 1 << 20
+    store = torch.empty(2 * n, dtype=torch.float32).share_memory_()
+    store.copy_(torch.arange(2 * n, dtype=torch.float32) + 10.0 * (r + 1))
+    a, b = store[:n], store[n:]
+    ctx.barrier()
+    gc.collect()
+    base = _usage()
+    h = ctx.as_symmetric([a, b])
+    region = [ctx.heap.offset_of(t) for t in h]
+    v = h[0][:10]
+    pv = ctx.peer_view(h[1], q)
+    ctx.barrier()
+    ctx.free(h[0])
+    ctx.free(h[1])
+    ctx.barrier()  # a collective point: views still live on every rank, so nothing may go
+    v.fill_(-3.0)  # before the fix: unmapped at free, and this segfaulted
+    res = {"alias": bool((a[:10] == -3.0).all()) and torch.equal(a[10:], torch.arange(10, n) + 10.0 * (r + 1))}
+    res["peer"] = torch.equal(pv, torch.arange(n, 2 * n, dtype=torch.float32) + 10.0 * (q + 1))
+    res["whole"] = torch.equal(h[1], b)
+    fresh = [ctx.full((n,), -1.0) for _ in range(4)]  # must land outside the imported region
+    res["fresh"] = all(bool((f == -1.0).all()) for f in fresh) and torch.equal(h[1], b)
+    res["mapped"] = _foreign(ctx)
+    if r == 0:
+        del v, h, pv  # rank 0 lets go before the next collective point, the others after it
+    gc.collect()
+    ctx.barrier()
+    res["kept_until_all"] = _foreign(ctx)
+    if r != 0:
+        del v, h, pv
+    gc.collect()
+    ctx.barrier()  # now every rank has let go: the region goes everywhere, at this point
+    res["released"] = _foreign(ctx)
+    del fresh
+    gc.collect()
+    ctx.trim()  # collects, and gives the chunks fresh used back: the heap's own mappings to baseline
+    res["state"] = (sorted(ctx.heap.alloc.offsets.live.items()), ctx.heap.alloc.offsets.free_blocks())
+    res["usage"] = (base, _usage())
+    res["region"] = region
+    res["user"] = torch.equal(store[1:10], torch.full((9,), -3.0)) and torch.equal(b, torch.arange(n, 2 * n) + 10.0 * (r + 1))
+    ctx.close()
+    return res
+
+
+@host_only
+def test_free_of_an_import_keeps_it_mapped_under_live_views():
+    out = iris.spawn(rank_free_import_under_views, 2)  # ranks are processes: a segfault fails the spawn
+    for r, res in enumerate(out):
+        assert res["alias"] and res["peer"] and res["whole"] and res["fresh"] and res["user"], res
+        assert res["mapped"] > 0 and res["kept_until_all"] == res["mapped"], res
+        assert res["released"] == 0, f"rank {r}: the region outlived its last view ({res['released']} segments)"
+        assert res["state"] == out[0]["state"] and res["region"] == out[0]["region"], "ranks diverged"
+        base, end = res["usage"]
+        assert end[0] == base[0] and end[2] == base[2], f"rank {r}: fds/mappings {base} -> {end}"
+
+
 # -- GPUs ---------------------------------------------------------------------------------------
 def rank_gpu_after_close(allocator):
     torch.cuda.init()

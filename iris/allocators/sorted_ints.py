@@ -54,19 +54,22 @@ class SortedInts:
             self._maxes[i] = lst[-1]
 
     def replace(self, old: int, new: int) -> None:
-        """Remove old, which must be present, and add new: one bucket's work when new stays in it
-        (the policy's usual step: a free block shrinks or grows in place)."""
+        """Remove old, which must be present, and add new. The policy's usual step (a free block
+        shrinks or grows where it is) keeps old's rank: then new overwrites old, no memmove."""
         maxes, lists = self._maxes, self._lists
-        i = 0 if len(maxes) == 1 else bisect_left(maxes, old)  # one bucket: the usual small heap
-        if i < len(maxes) and (i == 0 or maxes[i - 1] < new) and (i + 1 == len(maxes) or new < lists[i + 1][0]):
+        i = bisect_left(maxes, old) if len(maxes) > 1 else 0
+        if i < len(maxes):
             lst = lists[i]
             j = bisect_left(lst, old)
-            if lst[j] != old:
-                raise KeyError(old)
-            del lst[j]
-            insort(lst, new)
-            maxes[i] = lst[-1]
-            return
+            if j < len(lst) and lst[j] == old:
+                last = j + 1 == len(lst)
+                above = (new < lst[j + 1]) if not last else (i + 1 == len(lists) or new < lists[i + 1][0])
+                below = (lst[j - 1] < new) if j else (i == 0 or maxes[i - 1] < new)
+                if above and below:
+                    lst[j] = new
+                    if last:
+                        maxes[i] = new
+                    return
         self.remove(old)
         self.add(new)
 

@@ -25,6 +25,17 @@ class _Clock:
         self._t = t
 
 
+class Region:
+    """Memory that one group of neighbouring imports shares, mapped at offset for nbytes. It stays
+    mapped while an import in it is live or any tensor covers one (blocks); once neither holds, it is
+    queued under serial and released at a collective point where every rank has queued it."""
+
+    __slots__ = ("offset", "nbytes", "imports", "blocks", "serial")
+
+    def __init__(self, offset: int, nbytes: int, imports: int):
+        self.offset, self.nbytes, self.imports, self.blocks, self.serial = offset, nbytes, imports, [], 0
+
+
 class Imports:
     """The SymmetricHeap's as_symmetric machinery: retain, group, map, exchange."""
 
@@ -169,14 +180,16 @@ class Imports:
                     views = {p: [] for p in self.peers}  # (offset, size) of each peer page mapped
                     for (group, (top, span)), region in zip(plan, regions):
                         for i in group:
-                            off = region + top + runs[i][0] - runs[group[0]][0]
+                            off = region.offset + top + runs[i][0] - runs[group[0]][0]
                             offsets[i] = off
                             self._adopted.setdefault(off, [region, 0])[1] += 1
                             if off not in self._import_blocks:
-                                self._import_blocks[off] = Block(off, ranges[i][1], -1, gc=False)
+                                self._import_blocks[off] = block = Block(off, ranges[i][1], -1, gc=False,
+                                                                         region=region)
+                                region.blocks.append(block)
                         for p in self.peers:
                             ptr, base, _ = everyone[p][group[0]]
-                            end, at = max(everyone[p][i][2] for i in group), region + top - (ptr - base)
+                            end, at = max(everyone[p][i][2] for i in group), region.offset + top - (ptr - base)
                             while base < end:
                                 size = sizes[p][base]
                                 self._import(p, at, size, fd_of(p, base), imported)
@@ -241,8 +254,8 @@ class Imports:
         top = max(lead for lead, _ in layouts)
         return top, round_up(max(top - lead + total for lead, total in layouts), g)
 
-    def _map_own(self, runs, pages, group, top, span, adopted) -> int:
-        """Map this rank's pages under the group into a fresh region (noted in adopted); its offset."""
+    def _map_own(self, runs, pages, group, top, span, adopted) -> Region:
+        """Map this rank's pages under the group into a fresh region (noted in adopted)."""
         ptr, base, _ = runs[group[0]]
         end, parts, at = max(runs[i][2] for i in group), [], top - (ptr - base)
         try:
@@ -255,16 +268,44 @@ class Imports:
                 self.driver.release(handle)
             raise
         adopted.append((region, segs))
-        self._regions[region] = [span, len(group)]
-        return region
+        self._regions[region] = entry = Region(region, span, len(group))
+        return entry
 
     def _undo_adopted(self, adopted) -> None:
         for region, segs in adopted:
             self.alloc.undo(region, segs)
             self._regions.pop(region, None)
-            for off in [o for o, (r, _) in self._adopted.items() if r == region]:
+            for off in [o for o, (r, _) in self._adopted.items() if r.offset == region]:
                 del self._adopted[off]
                 self._import_blocks.pop(off, None)
+
+    def _free_import(self, offset: int) -> None:
+        """ctx.free of the import at offset. Its region is not unmapped here, as tensors may still
+        cover it (touching unmapped memory crashes the process), nor given back to the offset policy
+        (an allocation there would land in the user's memory): both wait until _release_region."""
+        entry = self._adopted[offset]
+        region, entry[1] = entry[0], entry[1] - 1
+        if not entry[1]:
+            del self._adopted[offset]
+            self._import_blocks.pop(offset).freed = True
+        region.imports -= 1
+        if not region.imports:  # frees are collective, in one order: the same serial on every rank
+            self._regions_freed += 1
+            region.serial = -self._regions_freed
+            self._region_unused(region)
+
+    def _region_unused(self, region: Region) -> None:
+        """Queue a region whose imports are all freed once no tensor covers it (bookkeeping only:
+        this runs from tensor finalizers)."""
+        if region.serial and not self.closed and not any(b.tensors for b in region.blocks):
+            self._queued[region.serial] = region
+
+    def _release_region(self, region: Region) -> None:
+        """Unmap an agreed region everywhere, hand its handles back, and give its offsets to the policy."""
+        del self._regions[region.offset]
+        self._drop_peer_range(region.offset, region.offset + region.nbytes)
+        self.alloc.release(self.alloc.segments_in(region.offset, region.nbytes))
+        self.alloc.free(region.offset)
 
     def is_adopted(self, offset: int) -> bool:
         """Whether offset holds a tensor that as_symmetric mapped without copying."""

@@ -5,7 +5,9 @@ storage over a block goes, the block is queued on this rank. Queues are compared
 points (growth, barrier, trim, close, ctx.collect()): a block is released when it is queued on
 every rank, all ranks in one order, so offsets never depend on when Python collected garbage.
 A block freed explicitly while a tensor still covers it stays mapped (trim skips it) until that
-tensor goes; after close the mappings stay until the last tensor goes.
+tensor goes; after close the mappings stay until the last tensor goes. Memory imported by
+as_symmetric is not the heap's to reuse while mapped, so a freed import's region is queued like
+garbage once its last tensor goes (negative serials, in the order the regions were freed).
 """
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ from typing import Dict, List
 class Block:
     """One allocation, from allocate to its release."""
 
-    __slots__ = ("offset", "nbytes", "serial", "tensors", "freed", "gc")
+    __slots__ = ("offset", "nbytes", "serial", "tensors", "freed", "gc", "region")
 
-    def __init__(self, offset: int, nbytes: int, serial: int, gc: bool = True):
-        self.offset, self.nbytes, self.serial, self.gc = offset, nbytes, serial, gc
+    def __init__(self, offset: int, nbytes: int, serial: int, gc: bool = True, region=None):
+        self.offset, self.nbytes, self.serial, self.gc, self.region = offset, nbytes, serial, gc, region
         self.tensors, self.freed = 0, False
 
 
@@ -33,8 +35,22 @@ class Owner:
         heap._alive += 1
 
     def __del__(self):
+        """Only bookkeeping (no driver call, no collective), as it may run anywhere Python drops a
+        tensor; written out here rather than in a heap method, a call less per tensor."""
         try:
-            self.heap._tensor_died(self.block)
+            block, heap = self.block, self.heap
+            block.tensors -= 1
+            heap._alive -= 1
+            if not block.tensors:
+                if block.freed:
+                    heap._pinned.pop(block.serial, None)
+                    if block.region is not None:
+                        heap._region_unused(block.region)
+                elif block.gc and not heap.closed:
+                    heap._queued[block.serial] = block
+            if heap._teardown_pending and not heap._alive:
+                heap._teardown_pending = False
+                heap._teardown()
         except Exception:  # interpreter shutdown: nothing left to tell
             pass
 
@@ -49,21 +65,8 @@ class Lifetimes:
         self._queued: Dict[int, Block] = {}   # serial -> block whose last tensor died here
         self._pinned: Dict[int, Block] = {}   # serial -> freed block that tensors still cover
         self._alive = 0                       # owners alive, over every block (and peer views)
+        self._regions_freed = 0               # import regions whose imports were all freed: -1, -2, ...
         self._teardown_pending = False
-
-    def _tensor_died(self, block: Block) -> None:
-        """An Owner's finalizer: only bookkeeping (no driver call, no collective), as it may run
-        anywhere Python drops a tensor."""
-        block.tensors -= 1
-        self._alive -= 1
-        if not block.tensors:
-            if block.freed:
-                self._pinned.pop(block.serial, None)
-            elif block.gc and not self.closed:
-                self._queued[block.serial] = block
-        if not self._alive and self._teardown_pending:
-            self._teardown_pending = False
-            self._teardown()
 
     def _queue(self) -> List[int]:
         return sorted(self._queued)
@@ -76,7 +79,10 @@ class Lifetimes:
         for serial in sorted(common):
             block = self._queued.pop(serial)
             released += block.nbytes
-            self._forget(block)
+            if serial < 0:
+                self._release_region(block)
+            else:
+                self._forget(block)
         self.stats["collected"] += len(common)
         return released
 

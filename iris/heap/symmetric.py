@@ -10,11 +10,11 @@ import torch
 from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryError
 from ..allocators.sorted_ints import SortedInts
 from ..device.translate import bases_tensor
-from .imports import Imports
+from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
-from .views import cuda_tensor_at, host_tensor_at, tensor_at
+from .views import tensor_at, tensor_maker
 
 _ALIGN_TEXT = {256: "align=256"}  # the usual call's text, not formatted per allocation
 
@@ -27,8 +27,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self.rank, self.world, self.size = group.rank, group.world, allocator.size
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
-        self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [region, imports there]
-        self._regions: Dict[int, list] = {}  # region of imported memory -> [span, live tensors in it]
+        self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [its Region, imports there]
+        self._regions: Dict[int, Region] = {}  # offset of a region of imported memory -> it
         self._import_blocks: Dict[int, Block] = {}  # offset of an imported tensor -> its block
         self.stats = {"allocations": 0, "frees": 0, "growths": 0, "exchanges": 0, "trims": 0, "collected": 0}
         self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
@@ -38,7 +38,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
-        self._view = cuda_tensor_at if self._capturable else host_tensor_at
+        self._view = tensor_maker(device)
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:
@@ -63,7 +63,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         call = ("allocate", nbytes, _ALIGN_TEXT.get(align) or f"align={align}")
         if self.symmetry.mode == "full":
             self.check_symmetry(f"allocate({nbytes}, {align})")
-        size = (max(nbytes, 1) + align - 1) & -align
+        size = ((nbytes or 1) + align - 1) & -align
         try:
             offset, new = self.alloc.allocate(size, align, self._may_grow)
         except HeapOutOfMemory as e:
@@ -105,19 +105,9 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         if block is not None:
             self._forget(block)
             size = block.nbytes
-        elif offset in self._adopted:  # an imported tensor: its region goes when its last tensor does
-            entry = self._adopted[offset]
-            region, entry[1] = entry[0], entry[1] - 1
-            if not entry[1]:
-                del self._adopted[offset]
-                self._import_blocks.pop(offset).freed = True
-            self._regions[region][1] -= 1
+        elif offset in self._adopted:  # an imported tensor: its region goes once no tensor covers it
+            self._free_import(offset)
             size = 0
-            if not self._regions[region][1]:
-                span = self._regions.pop(region)[0]
-                self._drop_peer_range(region, region + span)  # unmap it everywhere, hand the handles back
-                self.alloc.release(self.alloc.segments_in(region, span))
-                size = self.alloc.free(region)
         else:
             raise ValueError(f"free: no live allocation starts at heap offset {offset}: it was freed already "
                              "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
