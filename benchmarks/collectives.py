@@ -318,7 +318,8 @@ def sweep_variants(ctx, timer, gpu, args, dump):
         symm = symm_mem
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
             symm_mem.enable_symm_mem_for_group(group.group_name)
-    sizes = [s for s in (MiB, 16 * MiB, 64 * MiB, 256 * MiB) if s <= args.max_bytes] or [args.max_bytes]
+    sizes = [int(m) * MiB for m in args.sizes.split(",")] if args.sizes else (
+        [s for s in (MiB, 16 * MiB, 64 * MiB, 256 * MiB) if s <= args.max_bytes] or [args.max_bytes])
     for nbytes in sizes:
         n = nbytes // 2
         calls = max(5, min(50, (256 * MiB) // nbytes)) if gpu else 2
@@ -346,9 +347,10 @@ def sweep_variants(ctx, timer, gpu, args, dump):
         xh, yh = ctx.empty(n, dtype=torch.bfloat16).copy_(x), ctx.empty(n, dtype=torch.bfloat16)
         tensors = {"plain": (x, y), "heap": (xh, yh)}
         variants = [v for v, top in (("one_shot", 16 * MiB), ("two_shot", None), ("one_shot_push", 64 * MiB),
-                                     ("two_shot_push", None)) if top is None or nbytes <= top]
+                                     ("two_shot_push", None)) if (top is None or nbytes <= top)
+                    and (not args.variants or v in args.variants.split(","))]
         for variant in variants:
-            for block, warps, programs in SWEEP_SETTINGS if gpu else SWEEP_SETTINGS[:2]:
+            for block, warps, programs in SWEEP_SETTINGS[:args.settings] if gpu else SWEEP_SETTINGS[:2]:
                 cfg = Config(block_size=block, num_warps=warps, comm_sms=programs, all_reduce_variant=variant,
                              spin_limit=args.spin_limit)
                 for where, (x_, y_) in tensors.items():
@@ -479,6 +481,9 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="host: tiny sizes, gloo, no graphs")
     p.add_argument("--sweep-variants", action="store_true",
                    help="only the all_reduce variant/setting sweep (1, 16, 64, 256 MiB; JSON collectives_variants-*)")
+    p.add_argument("--sizes", default="", help="--sweep-variants: comma list of sizes in MiB (default 1,16,64,256)")
+    p.add_argument("--variants", default="", help="--sweep-variants: comma list of variants (default all)")
+    p.add_argument("--settings", type=int, default=None, help="--sweep-variants: only the first N kernel settings")
     p.add_argument("--spin-limit", type=int, default=1 << 24,
                    help="--sweep-variants: Config.spin_limit of every kernel (polls before a program gives up)")
     p.add_argument("--watchdog", type=float, default=120.0,
