@@ -36,18 +36,9 @@ class _Owner:
             self.died.append(True)
 
 
-class _CudaArray:
-    """The way iris made GPU tensors before: the CUDA array interface, read by torch.as_tensor."""
-
-    __slots__ = ("__cuda_array_interface__", "owner")
-
-    def __init__(self, ptr, n, owner):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (n,), "typestr": "|u1", "version": 2}
-        self.owner = owner
-
-
 def as_tensor_at(ptr, device, owner):
-    return torch.as_tensor(_CudaArray(ptr, NBYTES, owner), device=device)
+    """What iris does on GPUs: torch.as_tensor over the CUDA array interface, the owner riding on it."""
+    return device_tensor_at(ptr, (NBYTES,), torch.uint8, device, owner, NBYTES)
 
 
 def set_at(ptr, device, owner):
@@ -57,9 +48,16 @@ def set_at(ptr, device, owner):
     return torch.empty(0, dtype=torch.uint8, device=device).set_(s, 0, (NBYTES,))
 
 
+_template = {}
+
+
 def storage_at(ptr, device, owner):
-    """What iris does now on GPUs: a non-owning storage with the owner on it, template.new(storage)."""
-    return device_tensor_at(ptr, (NBYTES,), torch.uint8, device, owner, NBYTES)
+    """A non-owning storage with the owner on it, template.new(storage) (tried, slower on an H200)."""
+    st = torch._C._construct_storage_from_data_pointer(ptr, device, NBYTES)
+    st.owner = owner
+    if device not in _template:
+        _template[device] = torch.empty(0, dtype=torch.uint8, device=device)
+    return _template[device].new(st)
 
 
 def host_at(ptr, device, owner):
@@ -91,11 +89,11 @@ def main():
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     backing = torch.empty(NBYTES, dtype=torch.uint8, device=device)
     ptr, owner = backing.data_ptr(), _Owner()
-    makers = {"storage + template.new (now, GPU)": storage_at, "storage + empty(0).set_": set_at}
+    makers = {"storage + template.new": storage_at, "storage + empty(0).set_": set_at}
     if cuda:
-        makers["as_tensor, CUDA array interface (before, GPU)"] = as_tensor_at
+        makers["as_tensor, CUDA array interface (iris, GPU)"] = as_tensor_at
     else:
-        makers["frombuffer (now and before, host)"] = host_at
+        makers["frombuffer (iris, host)"] = host_at
     checks = {name: _check(make, ptr, device) for name, make in makers.items()}
     cases = {"torch.empty + del": lambda: torch.empty(NBYTES, dtype=torch.uint8, device=device)}
     for name, make in makers.items():

@@ -222,20 +222,23 @@ def test_trim_never_unmaps_memory_under_a_live_tensor():
 def test_owner_lives_exactly_as_long_as_the_last_view(maker):
     """The owner of a tensor views.py made survives every tensor, slice, dtype view and
     untyped_storage() handle over the memory, and dies with the last; data stays right through the
-    survivors. Both ways run on host memory (the GPUs' way is the storage one)."""
+    survivors. The GPUs' way runs where there is a GPU."""
     from iris.heap import views
     tensor_at = getattr(views, maker)
-    store = torch.arange(64 * 64, dtype=torch.float32) * 7 + 3
+    dev = torch.device("cuda" if maker == "device_tensor_at" else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    store = torch.arange(64 * 64, dtype=torch.float32, device=dev) * 7 + 3
     died = []
 
     class Owner:
         def __del__(self):
             died.append(True)
 
-    t = tensor_at(store.data_ptr(), torch.Size((64, 64)), torch.float32, torch.device("cpu"), Owner())
+    t = tensor_at(store.data_ptr(), torch.Size((64, 64)), torch.float32, dev, Owner())
     handles = [t[5:9], t.view(torch.int32), t.untyped_storage(), t.view(-1)[100:], t.t(), t[3], t.view(torch.bfloat16)]
     last = t.view(torch.int32)[10:12]  # rows 10 and 11, as int32: outlives everything else
-    poison = torch.full((64,), -9.5)
+    poison = torch.full((64,), -9.5, device=dev)
     t[10] = poison  # through the tensor, read back later through the survivor
     del t
     for i in range(len(handles)):
@@ -243,10 +246,10 @@ def test_owner_lives_exactly_as_long_as_the_last_view(maker):
         gc.collect()
         assert not died, f"the owner died while handle {i + 1} of {len(handles)} and a slice were alive"
     assert torch.equal(last.view(torch.float32)[0], poison) and torch.equal(store[10 * 64:11 * 64], poison)
-    expect = torch.arange(11 * 64, 12 * 64, dtype=torch.float32) * 7 + 3
+    expect = torch.arange(11 * 64, 12 * 64, dtype=torch.float32, device=dev) * 7 + 3
     assert torch.equal(last.view(torch.float32)[1], expect)  # every element of the other row
-    last[1] = torch.full((64,), 5, dtype=torch.int32)  # and writes through it land in the memory
-    assert torch.equal(store[11 * 64:12 * 64].view(torch.int32), torch.full((64,), 5, dtype=torch.int32))
+    last[1] = torch.full((64,), 5, dtype=torch.int32, device=dev)  # and writes through it land in the memory
+    assert torch.equal(store[11 * 64:12 * 64].view(torch.int32), torch.full((64,), 5, dtype=torch.int32, device=dev))
     del last
     gc.collect()
     assert died == [True], "the owner outlived the last view (or died twice)"

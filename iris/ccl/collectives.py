@@ -91,9 +91,10 @@ class CCL:
         """out = inp reduced (sum, max or min) over all ranks; out may be inp. Shapes (M, N) or any,
         equal; fp32, bf16, fp16, int32, int64. Floats accumulate in fp32 in rank order, so every rank
         gets bit-identical results. one_shot (each rank reads every peer's staged copy) up to
-        Config.one_shot_max_bytes, two_shot above (reduce-scatter by pulling, all-gather by pushing;
-        heap tensors for inp/out skip the staging, and must then be the same heap tensors on every
-        rank). workspace= is accepted for Iris compatibility: plans are found by shape, so
+        Config.one_shot_max_bytes, two_shot_push above (every rank stores each peer's chunk of its
+        input into that peer's stage, reduces its own chunk, stores the result into every peer; an out
+        on the heap is written directly and must then be the same heap tensor on every rank); the
+        pull-based "two_shot" stays selectable through config. workspace= is accepted for Iris compatibility: plans are found by shape, so
         all_reduce_preamble's result need not be passed. Collective: all ranks, same order, same sizes."""
         if group is not None:
             self._check_group(group)
@@ -213,7 +214,7 @@ class CCL:
         limit = config.one_shot_max_bytes or (4 * _MiB if w <= 2 else 256 * _KiB)
         variant = config.all_reduce_variant
         if variant == "auto":
-            variant = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot"
+            variant = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot_push"
         if variant == "one_shot":
             return self._plan_pull("ar", out, inp, op, config)
         self._ready()

@@ -25,7 +25,9 @@ class Config:
     where one-shot measured faster than two-shot up to 4 MiB on 2x H200; 256 KiB on more ranks, not
     measured: one-shot reads world-1 full copies). "one_shot_push" and "two_shot_push" move data with
     remote stores only (each rank writes into its peers' stage, then reduces locally) and read inp
-    once, on the heap or not; "auto" does not pick them (not measured on GPUs yet).
+    once, on the heap or not. "auto" takes two_shot_push above one_shot_max_bytes: on 2x H200 it
+    measured 54 / 748 us at 16 / 256 MiB on heap tensors against the pull two-shot's 57 / 796
+    (plain tensors 58 / 790 against 69 / 975; benchmarks/results/collectives_variants-gpu-2ranks.json).
     spin_limit: the most polls of a flag before a program gives up waiting for a peer (0: wait for
     ever, the default). A program that gives up leaves wrong data and marks its flag row with -1; its
     workspace is then unusable (ctx.ccl.free()). For benchmarks and tests that must not hang.
