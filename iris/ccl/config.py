@@ -18,9 +18,9 @@ class ReduceOp(str, Enum):
 class Config:
     """Kernel parameters; 0 means "pick for me" (sizes in elements).
 
-    block_size: elements each program moves per step (a power of two; default 16 KiB worth);
-    num_warps: warps per program (default 8); comm_sms: most programs one launch uses (default the
-    device's SM count, 4 on the host); all_reduce_variant: "auto", "one_shot" or "two_shot";
+    block_size: elements each program moves per step (a power of two; default 16 KiB worth, 32 KiB
+    for two_shot_push); num_warps: warps per program (default 8, 16 for two_shot_push); comm_sms:
+    most programs one launch uses (default the device's SM count, 4 on the host); all_reduce_variant: "auto", "one_shot" or "two_shot";
     one_shot_max_bytes: the largest all_reduce that "auto" does in one shot (default 4 MiB on 2 ranks,
     where one-shot measured faster than two-shot up to 4 MiB on 2x H200; 256 KiB on more ranks, not
     measured: one-shot reads world-1 full copies). "one_shot_push" and "two_shot_push" move data with
