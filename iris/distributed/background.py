@@ -2,15 +2,11 @@
 the GIL) while its fds travel and its peers' arrive, so waiting for a slower peer hides behind work."""
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from typing import Sequence
 
-
-def _close_all(fds) -> None:
-    for fd in fds:
-        os.close(fd)
+from .group import close_fds
 
 
 class BackgroundExchanges:
@@ -33,7 +29,7 @@ class BackgroundExchanges:
     def send(self, fds: Sequence[int]) -> None:
         """This rank's fds for the next step; they become this object's to close."""
         if self._fed >= self._n:
-            _close_all(fds)
+            close_fds(fds)
             raise ValueError(f"{self._what}: all {self._n} exchanges were already sent")
         self._fed += 1
         self._inbox.put((None, list(fds)))
@@ -64,7 +60,7 @@ class BackgroundExchanges:
                 try:
                     notes, got = self._group.exchange(note, fds, self._what)
                 finally:
-                    _close_all(fds)
+                    close_fds(fds)
                 got[self._group.rank] = []
                 self._outbox.put(("ok", (notes, got)))
         except BaseException as e:  # handed to the caller by next()
@@ -77,9 +73,9 @@ class BackgroundExchanges:
         while not self._outbox.empty():
             kind, value = self._outbox.get_nowait()
             if kind == "ok":
-                _close_all(fd for fds in value[1] for fd in fds)
+                close_fds(fd for fds in value[1] for fd in fds)
         while not self._inbox.empty():
-            _close_all(self._inbox.get_nowait()[1])
+            close_fds(self._inbox.get_nowait()[1])
 
     def __enter__(self):
         return self

@@ -52,6 +52,12 @@ def send_msg(sock: socket.socket, obj: Any, fds: Sequence[int] = ()) -> None:
         socket.send_fds(sock, [b"F"], list(fds[i:i + _FDS_PER_MSG]))
 
 
+def close_fds(fds) -> None:
+    """Close every fd of an iterable (received or exported fds nobody else will close)."""
+    for fd in fds:
+        os.close(fd)
+
+
 def recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
     """One message from an authenticated peer (only those are ever read with this)."""
     size, nfds = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
@@ -66,8 +72,7 @@ def recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
             if not got:
                 raise ConnectionResetError("peer closed the connection while sending fds")
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        close_fds(fds)
         raise
     for fd in fds:
         os.set_inheritable(fd, False)
@@ -222,8 +227,7 @@ class Group:
         try:
             self._gather(objs, all_fds, what)
         except BaseException:
-            for fd in (fd for f in all_fds[1:] for fd in f):
-                os.close(fd)  # a rank that sent its fds before another failed must not leak them here
+            close_fds(fd for f in all_fds[1:] for fd in f)  # a rank that sent its fds before another failed
             raise
         counts = [len(f) for f in all_fds]
         for r, conn in self._peers.items():

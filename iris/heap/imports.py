@@ -9,9 +9,10 @@ from typing import List, Optional
 
 from ..allocators.offsets import round_up
 from ..distributed.background import BackgroundExchanges
+from ..distributed.group import close_fds
 from ..errors import IrisError, SymmetryError
 from .lifetime import Block
-from .peers import _close_all, _runs
+from .peers import _runs
 
 
 class _Clock:
@@ -204,7 +205,7 @@ class Imports:
                     # every peer fd is imported: close them (7-10 ms for 410 on an H200 host) while the
                     # driver sets access (cuda-bindings releases the GIL in driver calls)
                     fds, received = [fd for p in received for fd in received[p].values()], {}
-                    closer = threading.Thread(target=_close_all, args=(fds,), name="iris-close-fds")
+                    closer = threading.Thread(target=close_fds, args=(fds,), name="iris-close-fds")
                     closer.start()
                     for p in self.peers:
                         for lo, hi in _runs(views[p]):
@@ -221,7 +222,7 @@ class Imports:
             self._release_pages(pages)
             if closer is not None:
                 closer.join()
-            _close_all(fd for p in received for fd in received[p].values())
+            close_fds(fd for p in received for fd in received[p].values())
             clock.lap("close fds")
             self.stats["as_symmetric_ms"] = clock.laps
         if adopted:
@@ -236,7 +237,7 @@ class Imports:
             for b in bases:
                 fds.append(self.driver.export(pages[b][1]))
         except BaseException:
-            _close_all(fds)
+            close_fds(fds)
             raise
         return fds
 

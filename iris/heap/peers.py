@@ -2,17 +2,12 @@
 each peer's new segments in one batched exchange per growth, dropping them again."""
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 from typing import List, Optional
 
+from ..distributed.group import close_fds
 from ..errors import HeapOutOfMemory, SymmetryError
 from ..platform import IpcHandle
-
-
-def _close_all(fds) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 def _runs(layout):
@@ -46,13 +41,13 @@ class PeerMaps:
         try:
             objs, fds = self.group.exchange((mine.data, mine.offset, mine.size), own_fds, "heap ipc open")
         finally:
-            _close_all(own_fds)
+            close_fds(own_fds)
         for p in self.peers:
             data, offset, size = objs[p]
             try:
                 ptr = self.driver.ipc_open(IpcHandle(data, offset, size, fds[p][0] if fds[p] else None))
             finally:
-                _close_all(fds[p])
+                close_fds(fds[p])
             undo.callback(self.driver.ipc_close, ptr, size)
             self._peer_va[p] = ptr
 
@@ -64,7 +59,7 @@ class PeerMaps:
         try:
             objs, fds = self.group.exchange((lead, [(rel, size) for rel, size, _ in parts]), own, "heap vmm open")
         finally:
-            _close_all(own)
+            close_fds(own)
         try:
             for p in self.peers:
                 peer_lead, layout = objs[p]
@@ -79,7 +74,7 @@ class PeerMaps:
                 d.set_access(va, total)
                 self._peer_va[p] = va + peer_lead
         finally:
-            _close_all(fd for p in self.peers for fd in fds[p])
+            close_fds(fd for p in self.peers for fd in fds[p])
 
     def _grow(self, nbytes: int, offset, new, call: str, undo_new) -> None:
         """One batched exchange: every rank's new segments, mapped into each peer's view.
@@ -94,13 +89,13 @@ class PeerMaps:
             objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout, self._queue()), own,
                                             "heap growth")
         finally:
-            _close_all(own)
+            close_fds(own)
         self.stats["exchanges"] += 1
         received = [fd for p in self.peers for fd in fds[p]]
         try:
             self._release_agreed([o[3] for o in objs])
         except BaseException:
-            _close_all(received)
+            close_fds(received)
             raise
         objs, tokens, layouts = [o[0] for o in objs], [o[1] for o in objs], [o[2] for o in objs]
         try:
@@ -134,7 +129,7 @@ class PeerMaps:
                 raise
             self.stats["growths"] += 1
         finally:
-            _close_all(received)
+            close_fds(received)
 
     def _import(self, peer: int, offset: int, size: int, fd: int, imported: list) -> None:
         """Map peer's segment at offset in its view; imported collects (peer, offset) for _unimport."""
