@@ -71,7 +71,9 @@ class _Graphs:
 
     def __init__(self, device: int):
         from cuda.bindings import driver as cu
-        self.cu, self.device = cu, device
+
+        from .platform.cuda import _check
+        self.cu, self.check, self.device = cu, _check, device
         self.stream = torch.cuda.Stream(device)
         self.execs = OrderedDict()  # key -> CUgraphExec
         self.seen = {}              # key -> launches so far, until captured
@@ -85,9 +87,9 @@ class _Graphs:
         st = self.streams.get(stream)
         if st is None:
             st = self.streams[stream] = self.cu.CUstream(stream)
-        err, = self.cu.cuGraphLaunch(ex, st)
-        if err != self.cu.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuGraphLaunch failed: {err.name}")
+        result = self.cu.cuGraphLaunch(ex, st)
+        if result[0] != self.cu.CUresult.CUDA_SUCCESS:
+            self.check("cuGraphLaunch", result)  # raises DriverError naming the error
         return True
 
     def count(self, key) -> bool:
@@ -101,17 +103,17 @@ class _Graphs:
 
     def capture(self, key, run) -> None:
         """Capture run(stream) into key's graph."""
-        cu, s = self.cu, self.stream.cuda_stream
+        cu, check, s = self.cu, self.check, self.stream.cuda_stream
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        _ok(cu.cuStreamBeginCapture(s, mode), "cuStreamBeginCapture")
+        check("cuStreamBeginCapture", cu.cuStreamBeginCapture(s, mode))
         try:
             run(s)
         finally:
-            graph = _ok(cu.cuStreamEndCapture(s), "cuStreamEndCapture")
+            graph = check("cuStreamEndCapture", cu.cuStreamEndCapture(s))
         try:
-            ex = _ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+            ex = check("cuGraphInstantiate", cu.cuGraphInstantiate(graph, 0))
         finally:
-            _ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+            check("cuGraphDestroy", cu.cuGraphDestroy(graph))
         self.execs[key] = ex
         if len(self.execs) > GRAPHS:
             self._destroy(self.execs.popitem(last=False)[1])
@@ -125,13 +127,6 @@ class _Graphs:
         for ex in self.execs.values():
             self._destroy(ex)
         self.execs.clear()
-
-
-def _ok(result, call):
-    err, *values = result
-    if int(err) != 0:
-        raise RuntimeError(f"{call} failed: {getattr(err, 'name', err)}")
-    return values[0] if values else None
 
 
 def _graphs_for(device: int):
