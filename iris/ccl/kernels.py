@@ -54,6 +54,16 @@ def _a2a_index(o, c, cols, WORLD: tl.constexpr):
 
 
 @triton.jit
+def _combine(acc, x, OP: tl.constexpr):
+    """acc and x combined by OP ("sum", "max", "min")."""
+    if OP == "max":
+        return tl.maximum(acc, x)
+    elif OP == "min":
+        return tl.minimum(acc, x)
+    return acc + x
+
+
+@triton.jit
 def _reduce_ranks(base, o, mask, heap_bases, mine, WORLD: tl.constexpr, VEC: tl.constexpr, OP: tl.constexpr,
                   IS_FLOAT: tl.constexpr):
     """base[o] of every rank combined by OP ("sum", "max", "min"), in rank order so that every rank gets
@@ -66,12 +76,7 @@ def _reduce_ranks(base, o, mask, heap_bases, mine, WORLD: tl.constexpr, VEC: tl.
         x = tl.load(base + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
         if IS_FLOAT:
             x = x.to(tl.float32)
-        if OP == "max":
-            acc = tl.maximum(acc, x)
-        elif OP == "min":
-            acc = tl.minimum(acc, x)
-        else:
-            acc = acc + x
+        acc = _combine(acc, x, OP)
     return acc
 
 
@@ -237,12 +242,8 @@ def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, 
             y = v.to(tl.float32) if IS_FLOAT else v
             if q == 0:
                 acc = y
-            elif OP == "max":
-                acc = tl.maximum(acc, y)
-            elif OP == "min":
-                acc = tl.minimum(acc, y)
             else:
-                acc = acc + y
+                acc = _combine(acc, y, OP)
         r = acc.to(out.dtype.element_ty)
         tl.store(out + g, r, mask=mask)
         if TWO_SHOT:
