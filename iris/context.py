@@ -470,9 +470,14 @@ class Iris:
         """Leave the job; idempotent. Collective while peers are alive. The heap's memory (this
         rank's and its peer views) goes back now, or when the last heap tensor still held goes."""
         if getattr(self, "heap", None) is not None:
+            if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
+                torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
             self._imported, self._imported_at = {}, {}
             for own in ("_internal", "_barrier_flags"):  # the context's own tensors must not hold the memory
                 self.__dict__.pop(own, None)
+            for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
+                if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises
+                    cache.forget()
             try:
                 self.heap.close()
             finally:

@@ -19,6 +19,7 @@ driver everywhere (the faults are the bootstrap's), the argument sweep on this m
       caught and a valid access works (4); off, nothing is checked (2); on a GPU (1, marker gpu).
 """
 import contextlib
+import gc
 import hashlib
 import hmac
 import io
@@ -366,6 +367,28 @@ def closed():
 def test_calls_on_a_closed_context(closed, name):
     with pytest.raises(iris.ContextClosed, match="context is closed"):
         CLOSED_CALLS[name](*closed[:2])
+
+
+def test_collectives_and_ops_on_a_closed_context():
+    """Cached workspaces must neither outlive close (they would hold its memory) nor let a later call
+    run on it: ccl and ops calls after close raise ContextClosed, through ctx and held references."""
+    maps = _iris_maps()
+    c = iris.iris(heap_size=1 << 22, allocator="vmem")
+    x, out = torch.ones(64), torch.empty(64)
+    A, B = torch.ones(16, 16, dtype=torch.float16), torch.ones(16, 16, dtype=torch.float16)
+    y = torch.empty(16, 16, dtype=torch.float16)
+    ccl, ops = c.ccl, c.ops
+    for _ in range(2):  # the second call takes the cached plans
+        ccl.all_reduce(out, x)
+        ops.matmul_all_reduce(y, A, B)
+    assert torch.equal(out, x) and torch.equal(y, torch.full((16, 16), 16.0, dtype=torch.float16))
+    c.close()
+    gc.collect()  # on the host, frombuffer's ctypes buffers can sit in a cycle until a collection
+    assert _iris_maps() == maps, "close left the heap mapped under the collectives' workspaces"
+    for call in (lambda: ccl.all_reduce(out, x), lambda: c.ccl.all_reduce(out, x),
+                 lambda: ops.matmul_all_reduce(y, A, B), lambda: c.ops.matmul_all_reduce(y, A, B)):
+        with pytest.raises(iris.ContextClosed, match="context is closed"):
+            call()
 
 
 def test_close_twice_is_fine_and_nothing_is_left(closed):

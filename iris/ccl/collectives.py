@@ -156,6 +156,11 @@ class CCL:
                     self.ctx.free(t)
         self.plans, self._last_ar = {}, None
 
+    def forget(self) -> None:
+        """Drop every plan without freeing its workspace (the context is closing): a later call builds
+        its plan again, which raises ContextClosed."""
+        self.plans, self._last_ar = {}, None
+
     # -- plans -------------------------------------------------------------
     def _run(self, mode, out, inp, group, config, want, op=ReduceOp.SUM, src=0):
         if group is not None:

@@ -28,6 +28,10 @@ class OpsNamespace:
         self._ctx = ctx
         self._workspaces = {}
 
+    def forget(self) -> None:
+        """Drop every workspace (the context is closing): a later call builds one, which raises ContextClosed."""
+        self._workspaces.clear()
+
     def _ws(self, name, output, A, B, config, make):
         key = (name, tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device,
                config)
