@@ -339,7 +339,7 @@ def test_bad_argument_raises_before_allocating(ctx, name):
 def test_python_types_are_dtypes_as_in_torch(ctx):
     for py, want in ((float, torch.float64), (int, torch.int64), (bool, torch.bool)):
         t = ctx.ones(3, dtype=py)
-        assert t.dtype == want and torch.equal(t, torch.ones(3, dtype=want))
+        assert t.dtype == want and torch.equal(t, torch.ones(3, dtype=want, device=t.device))
         ctx.free(t)
 
 
