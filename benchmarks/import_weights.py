@@ -4,7 +4,8 @@ symmetric memory (allocate + copy), in one run: time and extra device bytes for 
     python -m iris.run -n 2 benchmarks/import_weights.py [--gib 8] [--tensor-mib 128]
 
 Where the time goes, per rank: the driver calls (count, ms; their sum is the goal's yardstick:
-total within 1.15x of it), the group's exchanges (the page steps run on a background thread, so
+total within 1.15x of it; per rank, and for the job: the last rank's finish over the slowest rank's
+driver sum, since a rank whose driver calls run faster waits for its peer's pages), the group's exchanges (the page steps run on a background thread, so
 their time overlaps driver calls and is not on the critical path), and for the batched call the
 phases of the import (retain, plan exchange, export, map own, import peers, wait for peers, set
 access peers, close fds) plus what lies outside it.
@@ -160,7 +161,15 @@ def main():
                     if "batched" in row["method"]:
                         print(" " * 51 + "phases (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in row["phases_ms"].items())
                               + f"; outside adopt (checks, views, last barrier) {row['outside_adopt_ms']:.1f}")
-        print("wrote", write_result("import_weights", {"bytes_per_rank": nbytes, "tensors": n, "ranks": gathered}, args.out))
+        job = {}  # the job's view: the call ends when the last rank is done, and the slowest rank's driver calls bound it
+        for k, row in enumerate(gathered[0]):
+            if "driver_ms" in row:
+                slowest = max(rr[k]["driver_ms"] for rr in gathered)
+                job[row["method"]] = {"ms": row["ms"], "slowest_driver_ms": slowest, "ms_over_slowest_driver": row["ms"] / slowest}
+                print(f"job, {row['method']}: {row['ms']:.1f} ms / slowest rank's driver sum {slowest:.1f} ms = "
+                      f"{row['ms'] / slowest:.2f}x")
+        print("wrote", write_result("import_weights", {"bytes_per_rank": nbytes, "tensors": n, "ranks": gathered,
+                                                       "job": job}, args.out))
     ctx.close()
     dist.barrier()
     dist.destroy_process_group()
