@@ -111,17 +111,21 @@ def check(name, got, want):
     return err
 
 
-VARIANTS = {"ag": [("fused", None), ("streamed", None)],
-            "rs": [("fused", None), ("streamed", 2), ("streamed", 4)],
-            "ar": [("fused", None), ("streamed", 1), ("streamed", 2), ("streamed", 4)]}
+# (variant, chunks, comm_sms): a streamed matmul_all_reduce with comm_sms reduces its chunks with
+# ctx.ccl.all_reduce on that many programs instead of the copy engine and an add
+VARIANTS = {"ag": [("fused", None, None), ("streamed", None, None)],
+            "rs": [("fused", None, None), ("streamed", 2, None), ("streamed", 4, None)],
+            "ar": [("fused", None, None), ("streamed", 1, None), ("streamed", 2, None), ("streamed", 4, None),
+                   ("streamed", 1, 132), ("streamed", 2, 16), ("streamed", 2, 32), ("streamed", 4, 32)]}
 
 
 def variants(row, kind, dev, reps, call, name, got, want):
-    """row["iris"] (default dispatch) and row["iris_<variant>[_<chunks>]"], each checked, then timed."""
+    """row["iris"] (default dispatch) and row["iris_<variant>[_<chunks>][_ccl<comm_sms>]"], each checked, then
+    timed."""
     row["iris"] = both(dev, lambda: call(None), reps)
-    for v, c in VARIANTS[kind]:
-        cfg = FusedConfig(variant=v, chunks=c)
-        label = f"iris_{v}" + (f"_{c}" if c else "")
+    for v, c, sms in VARIANTS[kind]:
+        cfg = FusedConfig(variant=v, chunks=c, comm_sms=sms)
+        label = f"iris_{v}" + (f"_{c}" if c else "") + (f"_ccl{sms}" if sms else "")
         try:
             got.fill_(float("nan"))
             call(cfg)

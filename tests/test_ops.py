@@ -36,6 +36,7 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
     dev = ctx.get_device()
     errors = _bad_shapes(ctx) if bad_shapes else []
     streamed = FusedConfig(variant="streamed", chunks=3)  # cuBLAS by chunks + copy-engine transfers
+    via_ccl = FusedConfig(variant="streamed", chunks=2, comm_sms=2)  # chunks reduced by ctx.ccl.all_reduce
     for call, seed in enumerate((1, 2)):  # twice: the second call reuses the workspace, next epoch
         m = M // w
         for cfg in (config, streamed):
@@ -55,8 +56,10 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
             scale = w * max(p.abs().max().item() for p in parts)
             out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
             A = ins[r][0].t().contiguous().to(dev).t() if call else ins[r][0].to(dev)  # second call: A column-major
-            ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=cfg)
-            errors.append(_close(f"matmul_all_reduce {cfg.variant if cfg else 'auto'} call {call}", out, want, dtype, scale))
+            for c in (cfg, via_ccl) if cfg is streamed else (cfg,):
+                out.fill_(float("nan"))
+                ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=c)
+                errors.append(_close(f"matmul_all_reduce {c} call {call}", out, want, dtype, scale))
             out = torch.full((m, N), float("nan"), dtype=dtype, device=dev)
             ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=cfg)
             errors.append(_close(f"matmul_reduce_scatter {cfg.variant if cfg else 'auto'} call {call}", out, want[r * m:(r + 1) * m],

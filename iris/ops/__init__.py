@@ -68,8 +68,9 @@ class OpsNamespace:
         ctx = self._ctx
         if self._variant(kind, output, A, B, config) == "streamed":
             chunks = config.chunks if config is not None and config.chunks else {"ag": 1, "ar": 2, "rs": 4}[kind]
+            comm_sms = config.comm_sms if config is not None else None
             return self._ws(kind + "/streamed", output, A, B, config,
-                            lambda: _st.preamble(ctx, kind, output, A, B, chunks))
+                            lambda: _st.preamble(ctx, kind, output, A, B, chunks, comm_sms))
         make = {"ag": lambda: _agm.preamble(ctx, output, A, B, config),
                 "ar": lambda: _mr.preamble(ctx, output, A, B, config, scatter=False),
                 "rs": lambda: _mr.preamble(ctx, output, A, B, config, scatter=True)}[kind]

@@ -11,7 +11,9 @@ class FusedConfig:
 
     block_size_m/n/k: the GEMM tile; group_size_m: tiles of that many rows share B columns in L2
     (grouped order); num_sms: programs of the persistent grid (default: every SM, or a few under
-    the interpreter); comm_sms: programs that only move data, for all_gather_matmul's pushers;
+    the interpreter); comm_sms: programs that only move data: all_gather_matmul's pushers; in
+    the streamed matmul_all_reduce, reduce each chunk with ctx.ccl.all_reduce on that many programs
+    (instead of the copy engine and an add);
     num_stages/num_warps: Triton's software pipeline depth and warps per program.
     variant: "fused" (the persistent kernel), "streamed" (torch.matmul by chunks of rows on the caller's
     stream, copy-engine transfers on side streams: iris/ops/streamed.py) or None (by shape and device,

@@ -65,9 +65,10 @@ def chunk_rows(rows: int, chunks: int, align: int = 128) -> list:
     return [(a, min(a + step, rows)) for a in range(0, rows, step)]
 
 
-def preamble(ctx, kind: str, output, A, B, chunks: int) -> dict:
-    """Heap buffer, flags and side streams of one op ("ar", "rs" or "ag") at these shapes.
-    Collective: all ranks, same order, same sizes."""
+def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None) -> dict:
+    """Heap buffer, flags and side streams of one op ("ar", "rs" or "ag") at these shapes; for "ar"
+    with comm_sms, each chunk is reduced by ctx.ccl.all_reduce on that many programs instead of the
+    copy engine and an add. Collective: all ranks, same order, same sizes."""
     w, dev, dt = ctx.world, A.device, A.dtype
     M, N, K = (w * A.shape[0] if kind == "ag" else A.shape[0]), B.shape[1], A.shape[1]
     ws = {"kind": kind}
@@ -93,6 +94,11 @@ def preamble(ctx, kind: str, output, A, B, chunks: int) -> dict:
     cuda = dev.type == "cuda"
     ws["tx"] = torch.cuda.Stream(dev) if cuda else None
     ws["rx"] = torch.cuda.Stream(dev) if cuda else None
+    if kind == "ar" and comm_sms:
+        from ..ccl import Config
+        ws["ccl"] = Config(comm_sms=comm_sms)
+        for a, b in ws["rows"]:  # its workspaces too, so that the first call can be captured
+            ctx.ccl.all_reduce_preamble(output[a:b], ws["buf"][a:b], config=ws["ccl"])
     ctx.barrier()  # every rank's flags are zero before any peer signals into them
     return ws
 
@@ -122,11 +128,14 @@ def _wait(e):
         torch.cuda.current_stream().wait_event(e)
 
 
-def _all_reduce(ws, output, A, B, chunk, r, w, main):
+def _all_reduce(ctx, ws, output, A, B, chunk, r, w, main):
     buf, views, rx = ws["buf"], ws["views"], ws["rx"]
     for i, (a, b) in enumerate(ws["rows"]):
         torch.matmul(A[a:b], B, out=buf[a:b])
         with _on(rx, main):
+            if "ccl" in ws:  # iris's all_reduce, on a few SMs beside cuBLAS's next chunk
+                ctx.ccl.all_reduce(output[a:b], buf[a:b], config=ws["ccl"])
+                continue
             chunk(i, -1, True, True)
             o = output[a:b]
             if w == 2:  # the copy engine straight into the output, then one add
@@ -144,7 +153,7 @@ def _all_reduce(ws, output, A, B, chunk, r, w, main):
                     o.add_(part)
 
 
-def _reduce_scatter(ws, output, A, B, chunk, r, w, main):
+def _reduce_scatter(ctx, ws, output, A, B, chunk, r, w, main):
     buf, views, rows, tx, rx = ws["buf"], ws["views"], ws["rows"], ws["tx"], ws["rx"]
     m = A.shape[0] // w
     for s, (a, b) in enumerate(rows):  # the peers' rows first, in the order they will need them
@@ -168,7 +177,7 @@ def _reduce_scatter(ws, output, A, B, chunk, r, w, main):
         output[a:b].addmm_(A[r * m + a:r * m + b], B)  # plus this rank's partial, in cuBLAS's epilogue
 
 
-def _all_gather_matmul(ws, output, A, B, chunk, r, w, main):
+def _all_gather_matmul(ctx, ws, output, A, B, chunk, r, w, main):
     buf, views, tx, rx = ws["buf"], ws["views"], ws["tx"], ws["rx"]
     m = A.shape[0]
     with _on(tx, main):
@@ -200,7 +209,7 @@ def _sequence(ctx, output, A, B, ws) -> None:
     if main is not None:  # both side streams join here (a capture must see every stream it joins back)
         ws["tx"].wait_stream(main)
         ws["rx"].wait_stream(main)
-    _SEQUENCES[ws["kind"]](ws, output, A, B, chunk, r, w, main)
+    _SEQUENCES[ws["kind"]](ctx, ws, output, A, B, chunk, r, w, main)
     if main is not None:
         main.wait_stream(ws["tx"])
         main.wait_stream(ws["rx"])
