@@ -111,21 +111,25 @@ def check(name, got, want):
     return err
 
 
-# (variant, chunks, comm_sms): a streamed matmul_all_reduce with comm_sms reduces its chunks with
-# ctx.ccl.all_reduce on that many programs instead of the copy engine and an add
-VARIANTS = {"ag": [("fused", None, None), ("streamed", None, None)],
-            "rs": [("fused", None, None), ("streamed", 2, None), ("streamed", 4, None)],
-            "ar": [("fused", None, None), ("streamed", 1, None), ("streamed", 2, None), ("streamed", 4, None),
-                   ("streamed", 1, 132), ("streamed", 2, 16), ("streamed", 2, 32), ("streamed", 4, 32)]}
+def _variants():
+    """label -> FusedConfig, per op. streamed_<chunks>_ccl<n>: matmul_all_reduce's chunks reduced by
+    ctx.ccl.all_reduce on n programs instead of the copy engine and an add; fused_bn64: narrower
+    tiles (more waves, so more of the pushes overlap the next wave's GEMM)."""
+    F = FusedConfig
+    return {"ag": {"fused": F(variant="fused"), "streamed": F(variant="streamed")},
+            "rs": {"fused": F(variant="fused"), "streamed_2": F(variant="streamed", chunks=2),
+                   "streamed_4": F(variant="streamed", chunks=4)},
+            "ar": {"fused": F(variant="fused"), "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
+                   **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (1, 2, 4)},
+                   **{f"streamed_{c}_ccl{n}": F(variant="streamed", chunks=c, comm_sms=n)
+                      for c, n in ((1, 132), (2, 16), (2, 32), (4, 32))}}}
 
 
 def variants(row, kind, dev, reps, call, name, got, want):
-    """row["iris"] (default dispatch) and row["iris_<variant>[_<chunks>][_ccl<comm_sms>]"], each checked, then
-    timed."""
+    """row["iris"] (default dispatch) and row["iris_<label>"] for every variant, each checked, then timed."""
     row["iris"] = both(dev, lambda: call(None), reps)
-    for v, c, sms in VARIANTS[kind]:
-        cfg = FusedConfig(variant=v, chunks=c, comm_sms=sms)
-        label = f"iris_{v}" + (f"_{c}" if c else "") + (f"_ccl{sms}" if sms else "")
+    for label, cfg in _variants()[kind].items():
+        label = "iris_" + label
         try:
             got.fill_(float("nan"))
             call(cfg)
