@@ -47,7 +47,7 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
             out = torch.full((w * m, N), float("nan"), dtype=dtype, device=dev)
             Bt = Bg.t().contiguous().to(dev).t() if call else Bg.to(dev)  # second call: B column-major
             ctx.ops.all_gather_matmul(out, ins[r][0].to(dev), Bt, config=cfg)
-            errors.append(_close(f"all_gather_matmul {cfg.variant if cfg else 'auto'} call {call}", out, want, dtype))
+            errors.append(_close(f"all_gather_matmul {cfg} call {call}", out, want, dtype))
             # matmul_all_reduce / matmul_reduce_scatter: row-parallel, A (M x k), B (k x N) per rank
             k = K // w
             ins = _inputs(w, [(M, k), (k, N)], dtype, seed + 7)
@@ -62,8 +62,8 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
                 errors.append(_close(f"matmul_all_reduce {c} call {call}", out, want, dtype, scale))
             out = torch.full((m, N), float("nan"), dtype=dtype, device=dev)
             ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=cfg)
-            errors.append(_close(f"matmul_reduce_scatter {cfg.variant if cfg else 'auto'} call {call}", out, want[r * m:(r + 1) * m],
-                                 dtype, scale))
+            errors.append(_close(f"matmul_reduce_scatter {cfg} call {call}", out, want[r * m:(r + 1) * m], dtype,
+                                 scale))
         # matmul_all_gather: A row-sharded, output on the heap
         ins = _inputs(w, [(m, K)], dtype, seed + 13)
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
