@@ -10,8 +10,10 @@ and matmul_all_gather at M=8192, K=N=8192 against torch.matmul alone (the floor:
 NCCL collective + torch.matmul, and torch.ops.symm_mem.fused_all_gather_matmul; matmul_reduce_scatter
 at the same shape against matmul + reduce_scatter_tensor and symm_mem.fused_matmul_reduce_scatter;
 matmul_all_reduce (row-parallel, K sharded) at M = 128..2048, K=N=8192 against matmul + all_reduce.
+Each iris op in both variants (FusedConfig.variant "fused": the persistent kernel; "streamed": cuBLAS
+by chunks with copy-engine transfers, at several chunk counts) and as dispatched by default ("iris").
 Each eager (CUDA events around each call) and replayed from a CUDA graph; medians in microseconds.
-Every fused result is checked against its reference before it is timed.
+Every iris result is checked against its reference before it is timed.
 """
 from __future__ import annotations
 
@@ -93,12 +95,47 @@ def part_gemm(dev, shapes, reps):
     return rows
 
 
+def fmt(v):
+    """eager/graph us of a timing, or the failure."""
+    if isinstance(v, dict):
+        g = v.get("graph_us")
+        return f"{v['eager_us']:.0f}/" + (f"{g:.0f}" if isinstance(g, float) else str(g))
+    return str(v)
+
+
 def check(name, got, want):
     err = (got.float() - want.float()).abs().max().item()
     scale = want.float().abs().max().item()
     if not err <= 0.02 * scale + 0.1:
         raise RuntimeError(f"{name}: max error {err} against the reference (scale {scale})")
     return err
+
+
+def _variants():
+    """label -> FusedConfig, per op. streamed_<chunks>_ccl<n>: matmul_all_reduce's chunks reduced by
+    ctx.ccl.all_reduce on n programs instead of the copy engine and an add; fused_bn64: narrower
+    tiles (more waves, so more of the pushes overlap the next wave's GEMM)."""
+    F = FusedConfig
+    return {"ag": {"fused": F(variant="fused"), "streamed": F(variant="streamed")},
+            "rs": {"fused": F(variant="fused"), "streamed_2": F(variant="streamed", chunks=2),
+                   "streamed_4": F(variant="streamed", chunks=4)},
+            "ar": {"fused": F(variant="fused"), "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
+                   **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (1, 2, 4)},
+                   **{f"streamed_{c}_ccl{n}": F(variant="streamed", chunks=c, comm_sms=n)
+                      for c, n in ((1, 132), (2, 16), (2, 32), (4, 32))}}}
+
+
+def variants(row, kind, dev, reps, call, name, got, want):
+    """row["iris"] (default dispatch) and row["iris_<label>"] for every variant, each checked, then timed."""
+    row["iris"] = both(dev, lambda: call(None), reps)
+    for label, cfg in _variants()[kind].items():
+        label = "iris_" + label
+        try:
+            got.fill_(float("nan"))
+            call(cfg)
+            row[label] = {"max_abs_err": check(f"{name} {label}", got, want), **both(dev, lambda: call(cfg), reps)}
+        except Exception as e:  # noqa: BLE001 - recorded: the other variants still run
+            row[label] = f"failed: {type(e).__name__}: {str(e)[:300]}"
 
 
 def part_fused(ctx, dev, M, K, N, ar_ms, reps):
@@ -119,7 +156,8 @@ def part_fused(ctx, dev, M, K, N, ar_ms, reps):
     ref_ag()
     ctx.ops.all_gather_matmul(C, A_loc, B)
     row = {"M": M, "K": K, "N": N, "max_abs_err": check("all_gather_matmul", C, C_ref)}
-    row["iris"] = both(dev, lambda: ctx.ops.all_gather_matmul(C, A_loc, B), reps)
+    variants(row, "ag", dev, reps, lambda cfg: ctx.ops.all_gather_matmul(C, A_loc, B, config=cfg),
+             "all_gather_matmul", C, C_ref)
     row["matmul_alone"] = both(dev, lambda: torch.matmul(A_full, B, out=C_ref), reps)
     row["nccl_all_gather_then_matmul"] = both(dev, ref_ag, reps)
     try:
@@ -162,7 +200,8 @@ def part_fused(ctx, dev, M, K, N, ar_ms, reps):
     ref_rs()
     ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp)
     row = {"M": M, "K": K, "N": N, "max_abs_err": check("matmul_reduce_scatter", Cs, Cs_ref)}
-    row["iris"] = both(dev, lambda: ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp), reps)
+    variants(row, "rs", dev, reps, lambda cfg: ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp, config=cfg),
+             "matmul_reduce_scatter", Cs, Cs_ref)
     row["matmul_alone"] = both(dev, lambda: torch.matmul(A_rp, B_rp, out=C_ref), reps)
     row["matmul_then_nccl_reduce_scatter"] = both(dev, ref_rs, reps)
     try:
@@ -187,16 +226,22 @@ def part_fused(ctx, dev, M, K, N, ar_ms, reps):
         ref_ar()
         ctx.ops.matmul_all_reduce(Co, A_ar, B_rp)
         row = {"M": mm, "K": K, "N": N, "max_abs_err": check(f"matmul_all_reduce M={mm}", Co, Co_ref)}
-        row["iris"] = both(dev, lambda: ctx.ops.matmul_all_reduce(Co, A_ar, B_rp), reps)
+        variants(row, "ar", dev, reps, lambda cfg: ctx.ops.matmul_all_reduce(Co, A_ar, B_rp, config=cfg),
+                 f"matmul_all_reduce M={mm}", Co, Co_ref)
         row["matmul_alone"] = both(dev, lambda: torch.matmul(A_ar, B_rp, out=Co_ref), reps)
         row["matmul_then_nccl_all_reduce"] = both(dev, ref_ar, reps)
         rows.append(row)
         if r == 0:
-            print(f"matmul_all_reduce M={mm}: {row['iris']} vs nccl {row['matmul_then_nccl_all_reduce']}", flush=True)
+            print(f"matmul_all_reduce M={mm}: " + ", ".join(f"{kk} {fmt(v)}" for kk, v in row.items()
+                                                            if kk not in ("M", "K", "N", "max_abs_err")), flush=True)
     out["matmul_all_reduce"] = rows
+    out["streamed_capture_failures"] = sorted({ws["no_graph"][:300] for ws in ctx.ops._workspaces.values()
+                                               if "no_graph" in ws})
     if r == 0:
+        print("streamed capture failures:", out["streamed_capture_failures"], flush=True)
         for name in ("all_gather_matmul", "matmul_all_gather", "matmul_reduce_scatter"):
-            print(name, {kk: v for kk, v in out[name].items() if isinstance(v, dict)}, flush=True)
+            print(name, ", ".join(f"{kk} {fmt(v)}" for kk, v in out[name].items()
+                                  if kk not in ("M", "K", "N", "max_abs_err")), flush=True)
     return out
 
 

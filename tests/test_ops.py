@@ -35,29 +35,35 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
     r, w = ctx.get_rank(), ctx.get_num_ranks()
     dev = ctx.get_device()
     errors = _bad_shapes(ctx) if bad_shapes else []
+    streamed = FusedConfig(variant="streamed", chunks=3)  # cuBLAS by chunks + copy-engine transfers
+    via_ccl = FusedConfig(variant="streamed", chunks=2, comm_sms=2)  # chunks reduced by ctx.ccl.all_reduce
     for call, seed in enumerate((1, 2)):  # twice: the second call reuses the workspace, next epoch
         m = M // w
-        # all_gather_matmul: A row-sharded (m x K per rank), B replicated
-        ins = _inputs(w, [(m, K)], dtype, seed)
-        Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(seed + 99)).to(dtype)
-        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
-        out = torch.full((w * m, N), float("nan"), dtype=dtype, device=dev)
-        Bt = Bg.t().contiguous().to(dev).t() if call else Bg.to(dev)  # second call: B column-major
-        ctx.ops.all_gather_matmul(out, ins[r][0].to(dev), Bt, config=config)
-        errors.append(_close(f"all_gather_matmul call {call}", out, want, dtype))
-        # matmul_all_reduce / matmul_reduce_scatter: row-parallel, A (M x k), B (k x N) per rank
-        k = K // w
-        ins = _inputs(w, [(M, k), (k, N)], dtype, seed + 7)
-        parts = [x[0].float() @ x[1].float() for x in ins]
-        want = sum(p.to(dtype).float() for p in parts)  # the collective by hand: rounded partials, summed
-        scale = w * max(p.abs().max().item() for p in parts)
-        out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
-        A = ins[r][0].t().contiguous().to(dev).t() if call else ins[r][0].to(dev)  # second call: A column-major
-        ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=config)
-        errors.append(_close(f"matmul_all_reduce call {call}", out, want, dtype, scale))
-        out = torch.full((m, N), float("nan"), dtype=dtype, device=dev)
-        ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=config)
-        errors.append(_close(f"matmul_reduce_scatter call {call}", out, want[r * m:(r + 1) * m], dtype, scale))
+        for cfg in (config, streamed):
+            # all_gather_matmul: A row-sharded (m x K per rank), B replicated
+            ins = _inputs(w, [(m, K)], dtype, seed)
+            Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(seed + 99)).to(dtype)
+            want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+            out = torch.full((w * m, N), float("nan"), dtype=dtype, device=dev)
+            Bt = Bg.t().contiguous().to(dev).t() if call else Bg.to(dev)  # second call: B column-major
+            ctx.ops.all_gather_matmul(out, ins[r][0].to(dev), Bt, config=cfg)
+            errors.append(_close(f"all_gather_matmul {cfg} call {call}", out, want, dtype))
+            # matmul_all_reduce / matmul_reduce_scatter: row-parallel, A (M x k), B (k x N) per rank
+            k = K // w
+            ins = _inputs(w, [(M, k), (k, N)], dtype, seed + 7)
+            parts = [x[0].float() @ x[1].float() for x in ins]
+            want = sum(p.to(dtype).float() for p in parts)  # the collective by hand: rounded partials, summed
+            scale = w * max(p.abs().max().item() for p in parts)
+            out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
+            A = ins[r][0].t().contiguous().to(dev).t() if call else ins[r][0].to(dev)  # second call: A column-major
+            for c in (cfg, via_ccl) if cfg is streamed else (cfg,):
+                out.fill_(float("nan"))
+                ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=c)
+                errors.append(_close(f"matmul_all_reduce {c} call {call}", out, want, dtype, scale))
+            out = torch.full((m, N), float("nan"), dtype=dtype, device=dev)
+            ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=cfg)
+            errors.append(_close(f"matmul_reduce_scatter {cfg} call {call}", out, want[r * m:(r + 1) * m], dtype,
+                                 scale))
         # matmul_all_gather: A row-sharded, output on the heap
         ins = _inputs(w, [(m, K)], dtype, seed + 13)
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
@@ -125,11 +131,14 @@ def test_matmul_world_one_transposed_and_odd():
             assert _close("matmul", out, (a.float() @ b.float()).cpu(), dtype) is None
     with pytest.raises(ValueError, match="B needs 50 rows"):
         matmul(A, B[:49])
+    with pytest.raises(ValueError, match="'fused' or 'streamed'"):
+        FusedConfig(variant="stream")
 
 
-def rank_ops_repeat(dtype, M, N, K, reps):
+def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     """The same tensors called again and again with new data: from the third call on, ops replay a
-    captured graph (iris/launch.py), which must read the new data and advance its epochs."""
+    captured graph (iris/launch.py; the streamed variant's whole sequence, iris/ops/streamed.py),
+    which must read the new data and advance its epochs."""
     ctx = iris.iris(heap_size=1 << 28)
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
     m, k = M // w, K // w
@@ -144,15 +153,15 @@ def rank_ops_repeat(dtype, M, N, K, reps):
         a_rows.copy_(ins[r][0]), b_full.copy_(Bg)
         for o in outs.values():
             o.fill_(float("nan"))
-        ctx.ops.all_gather_matmul(outs["ag"], a_rows, b_full)
+        ctx.ops.all_gather_matmul(outs["ag"], a_rows, b_full, config=config)
         ctx.ops.matmul_all_gather(outs["mag"], a_rows, b_full)
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
         errors.append(_close(f"all_gather_matmul rep {rep}", outs["ag"], want, dtype))
         errors.append(_close(f"matmul_all_gather rep {rep}", outs["mag"], want, dtype))
         ins = _inputs(w, [(M, k), (k, N)], dtype, 300 + rep)
         a_cols.copy_(ins[r][0]), b_rows.copy_(ins[r][1])
-        ctx.ops.matmul_all_reduce(outs["ar"], a_cols, b_rows)
-        ctx.ops.matmul_reduce_scatter(outs["rs"], a_cols, b_rows)
+        ctx.ops.matmul_all_reduce(outs["ar"], a_cols, b_rows, config=config)
+        ctx.ops.matmul_reduce_scatter(outs["rs"], a_cols, b_rows, config=config)
         parts = [x[0].float() @ x[1].float() for x in ins]
         want, scale = sum(p.to(dtype).float() for p in parts), w * max(p.abs().max().item() for p in parts)
         errors.append(_close(f"matmul_all_reduce rep {rep}", outs["ar"], want, dtype, scale))
@@ -163,7 +172,9 @@ def rank_ops_repeat(dtype, M, N, K, reps):
 
 
 @pytest.mark.gpu
-def test_fused_ops_gpu_repeated_calls_replay():
-    out = iris.spawn(rank_ops_repeat, 2, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6))
+@pytest.mark.parametrize("variant", ["fused", "streamed"])
+def test_fused_ops_gpu_repeated_calls_replay(variant):
+    out = iris.spawn(rank_ops_repeat, 2, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6,
+                                               FusedConfig(variant=variant, chunks=2)))
     for r, errs in enumerate(out):
         assert not errs, f"rank {r}: {errs}"

@@ -3,12 +3,14 @@ every rank getting all rows (all-reduce) or its 1/world share of them (reduce-sc
 
 One persistent kernel. Each program computes a tile, rounds it to the output dtype, and pushes it
 into the slot of every rank that needs it (all: every rank; scatter: the rank owning those rows)
-on the heap, then sets that tile's flag there. It reduces the tile it computed before (so that
-the flags of the peers' copies, computed at the same time on their GPUs, have had a tile's time
-to arrive): waits for the flags, sums the world partials in rank order in fp32 (every rank gets
-the same bits) and writes the output. Slots alternate between two buffers by call parity: a rank
-writes buffer p again only two calls later, when it has seen every peer's pushes of the call in
-between, so every peer has finished reading buffer p.
+on the heap, and sets that tile's flag there only after computing its next tile: the release then
+finds the stores drained instead of waiting for them (on 2x H200, M=512..2048 x 8192 x 4096,
+5-8% faster than flags set right after the pushes; matmul_reduce_scatter at 8192 rows 853 against
+921 us). It reduces the tile it computed before (whose flags every rank has just set): waits for
+the flags, sums the world partials in rank order in fp32 (every rank gets the same bits) and
+writes the output. Slots alternate between two buffers by call parity: a rank writes buffer p
+again only two calls later, when it has seen every peer's pushes of the call in between, so every
+peer has finished reading buffer p.
 """
 from __future__ import annotations
 
@@ -39,6 +41,16 @@ def _wait_and_sum(c, slots, flags, ep, heap_bases, rank, world, t, T, slot0, M_o
 
 
 @triton.jit
+def _signal_tile(flag, ep, rank, world, owner, heap_bases, SCATTER: tl.constexpr):
+    """Sets a tile's flag on its owner (SCATTER) or on every peer."""
+    if SCATTER:
+        signal(flag, ep, rank, owner, heap_bases)
+    else:
+        for i in range(1, world):
+            signal(flag, ep, rank, (rank + i) % world, heap_bases)
+
+
+@triton.jit
 def _matmul_reduce_kernel(a, b, c, slots, flags, ctl, heap_bases, rank, world, M, N, K, sam, sak, sbk, sbn, scm, scn,
                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                           NUM_SMS: tl.constexpr, SCATTER: tl.constexpr, TMA: tl.constexpr, A_T: tl.constexpr,
@@ -57,6 +69,8 @@ def _matmul_reduce_kernel(a, b, c, slots, flags, ctl, heap_bases, rank, world, M
     prev = 0
     prev_m = 0
     prev_n = 0
+    pend = -1  # the tile whose pushes are out but whose flags are not set yet
+    pend_owner = 0
     for tt in range(tl.program_id(0), (world if SCATTER else 1) * T, NUM_SMS):
         if SCATTER:
             owner = (rank + 1 + tt // T) % world  # other ranks' rows first, this rank's own last
@@ -69,19 +83,23 @@ def _matmul_reduce_kernel(a, b, c, slots, flags, ctl, heap_bases, rank, world, M
         acc = _dot_tile(a, b, row0 + pid_m * BM, pid_n * BN, row0 + M_out, N, K, sam, sak, sbk, sbn, BM, BN, BK, TMA,
                         A_T, B_T, STAGES)
         part = acc.to(c.dtype.element_ty)
+        if pend >= 0:  # its stores drained while this tile was computed: the release is cheap now
+            tl.debug_barrier()
+            _signal_tile(flags + rank * T + pend, ep, rank, world, pend_owner, heap_bases, SCATTER)
         p, mask = _tile_ptrs(slots + mine, pid_m * BM, pid_n * BN, M_out, N, N, 1, BM, BN)
         if owner != rank:  # scatter: the owner alone needs it
             store(p, part, rank, owner, heap_bases, mask=mask)
-            tl.debug_barrier()
-            signal(flags + rank * T + t, ep, rank, owner, heap_bases)
         else:
             tl.store(p, part, mask=mask)
             if not SCATTER:
                 for i in range(1, world):
                     store(p, part, rank, (rank + i) % world, heap_bases, mask=mask)
-                tl.debug_barrier()
-                for i in range(1, world):
-                    signal(flags + rank * T + t, ep, rank, (rank + i) % world, heap_bases)
+        if SCATTER:
+            pend = tl.where(owner != rank, t, -1)  # this rank's own tiles go nowhere
+        else:
+            pend = t
+        pend_owner = owner
+        if owner == rank:  # reduce the tile before, whose flags every rank has just set
             if have_prev:
                 _wait_and_sum(c, slots, flags, ep, heap_bases, rank, world, prev, T, slot0, M_out, N, scm, scn,
                               prev_m, prev_n, BM, BN)
@@ -89,6 +107,9 @@ def _matmul_reduce_kernel(a, b, c, slots, flags, ctl, heap_bases, rank, world, M
             prev = t
             prev_m = pid_m
             prev_n = pid_n
+    if pend >= 0:
+        tl.debug_barrier()
+        _signal_tile(flags + rank * T + pend, ep, rank, world, pend_owner, heap_bases, SCATTER)
     if have_prev:
         _wait_and_sum(c, slots, flags, ep, heap_bases, rank, world, prev, T, slot0, M_out, N, scm, scn, prev_m,
                       prev_n, BM, BN)
