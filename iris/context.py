@@ -205,7 +205,13 @@ class Iris:
         order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
         freeing a block twice raises. Tensors that are simply dropped are freed at the next
         collective point instead (see collect)."""
-        block, offset = self.heap.block_of(heap_tensor(t, "free"))
+        heap = self.heap
+        if type(t) is torch.Tensor and not self._imported_at:  # the usual call: the factory's tensor itself
+            block = heap._at.get(t.data_ptr() - heap._base)
+            if block is not None and block.nbytes == t.nbytes != 0 and t.get_device() == heap._device_index:
+                heap.free_block(block)
+                return
+        block, offset = heap.block_of(heap_tensor(t, "free"))
         nbytes = t.nbytes
         if offset != block.offset or nbytes != block.nbytes:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
@@ -268,9 +274,9 @@ class Iris:
         if (out is None and device is None and like is None and not requires_grad and not pin_memory
                 and (layout is torch.strided or layout is None)
                 and (memory_format is torch.contiguous_format or memory_format is None)):
-            shape = plain_request(size, dtype)
-            if shape is not None:  # the usual call, checked in full: one allocation, one view
-                t = self.heap.new_tensor(shape, torch.get_default_dtype() if dtype is None else dtype)
+            plain = plain_request(size, torch.get_default_dtype() if dtype is None else dtype)
+            if plain is not None:  # the usual call, checked in full: one allocation, one view
+                t = self.heap.new_tensor(plain[0], torch.get_default_dtype() if dtype is None else dtype, plain[1])
                 if fill is not None:
                     with torch.no_grad():
                         fill(t)
@@ -286,6 +292,13 @@ class Iris:
 
     def empty(self, *size, out=None, dtype=None, layout=torch.strided, device=None, requires_grad=False,
               pin_memory=False, memory_format=torch.contiguous_format) -> torch.Tensor:
+        if (out is None and device is None and not requires_grad and not pin_memory and layout is torch.strided
+                and memory_format is torch.contiguous_format):  # the usual call: _factory's short path, inlined
+            if dtype is None:
+                dtype = torch.get_default_dtype()
+            plain = plain_request(size, dtype)
+            if plain is not None:
+                return self.heap.new_tensor(plain[0], dtype, plain[1])
         return self._factory(size, dtype, device, out, requires_grad, None, layout, pin_memory, memory_format)
 
     def zeros(self, *size, out=None, dtype=None, layout=torch.strided, device=None,

@@ -60,24 +60,19 @@ def request(size, dtype, requires_grad, shape_of):
 
 
 def plain_request(size, dtype):
-    """The usual factory call's shape, or None where request must look closer: size is ints (or one
-    int), dtype None or a torch.dtype seen valid before, and the byte count fits. A shape returned
-    here is one that request would return, as a tuple."""
+    """(shape, nbytes) of the usual factory call, or None where request must look closer: size is
+    ints (or one int), dtype a torch.dtype seen valid before, and the byte count fits. A shape
+    returned here is one that request would return, as a tuple."""
     if type(size) is not tuple:
         size = (size,)
-    if dtype is None:
-        dtype = torch.get_default_dtype()
-    elif type(dtype) is not torch.dtype:
+    n = _CHECKED.get(dtype) if type(dtype) is torch.dtype else None
+    if n is None:
         return None
-    itemsize = _CHECKED.get(dtype)
-    if itemsize is None:
-        return None
-    n = itemsize
     for s in size:
         if type(s) is not int or not 0 <= s < 1 << 63:
             return None
         n *= s
-    return size if n <= MAX_BYTES else None
+    return (size, n) if n <= MAX_BYTES else None
 
 
 def heap_tensor(t, call: str) -> torch.Tensor:

@@ -349,7 +349,7 @@ CLOSED_CALLS = {
     "free": lambda c, x: c.free(x),
     "trim": lambda c, x: c.trim(),
     "get_heap_bases": lambda c, x: c.get_heap_bases(),
-    "as_symmetric": lambda c, x: c.as_symmetric(torch.ones(4)),
+    "as_symmetric": lambda c, x: c.as_symmetric(torch.ones(4, device=x.device)),
     "is_symmetric": lambda c, x: c.is_symmetric(x),
 }
 
@@ -374,14 +374,15 @@ def test_collectives_and_ops_on_a_closed_context():
     run on it: ccl and ops calls after close raise ContextClosed, through ctx and held references."""
     maps = _iris_maps()
     c = iris.iris(heap_size=1 << 22, allocator="vmem")
-    x, out = torch.ones(64), torch.empty(64)
-    A, B = torch.ones(16, 16, dtype=torch.float16), torch.ones(16, 16, dtype=torch.float16)
-    y = torch.empty(16, 16, dtype=torch.float16)
+    dev = c.device
+    x, out = torch.ones(64, device=dev), torch.empty(64, device=dev)
+    A, B = (torch.ones(16, 16, dtype=torch.float16, device=dev) for _ in range(2))
+    y = torch.empty(16, 16, dtype=torch.float16, device=dev)
     ccl, ops = c.ccl, c.ops
     for _ in range(2):  # the second call takes the cached plans
         ccl.all_reduce(out, x)
         ops.matmul_all_reduce(y, A, B)
-    assert torch.equal(out, x) and torch.equal(y, torch.full((16, 16), 16.0, dtype=torch.float16))
+    assert torch.equal(out, x) and torch.equal(y, torch.full((16, 16), 16.0, dtype=torch.float16, device=dev))
     c.close()
     gc.collect()  # on the host, frombuffer's ctypes buffers can sit in a cycle until a collection
     assert _iris_maps() == maps, "close left the heap mapped under the collectives' workspaces"

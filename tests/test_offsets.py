@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from iris.allocators.offsets import Offsets
+from iris.allocators.offsets import CachingOffsets, Offsets
 from iris.allocators.sorted_ints import SortedInts
 
 
@@ -39,6 +39,35 @@ class Reference:
                 merged.append([start, length])
         self.free = merged
         return size
+
+
+class CachingReference(Reference):
+    """The caching layer the obvious way: freed blocks listed by size; a request of a cached size
+    takes the lowest one, any other request (or a top one) first frees every cached block."""
+
+    def __init__(self, capacity):
+        super().__init__(capacity)
+        self.cache = []  # (size, offset) of freed, uncoalesced blocks
+
+    def allocate(self, size, align, top=False):
+        mine = sorted(o for s, o in self.cache if s == size)
+        if mine and not top and mine[0] % align == 0:
+            self.cache.remove((size, mine[0]))
+            self.live[mine[0]] = size
+            return mine[0]
+        self.flush()
+        return super().allocate(size, align, top)
+
+    def free_(self, offset):
+        size = self.live.pop(offset)
+        self.cache.append((size, offset))
+        return size
+
+    def flush(self):
+        for size, offset in self.cache:
+            self.live[offset] = size
+            super().free_(offset)
+        self.cache = []
 
 
 def _check_accounting(policy, capacity):
@@ -124,3 +153,49 @@ def test_reuse_best_fit_and_errors():
         p.allocate(10, 3)
     with pytest.raises(ValueError):
         p.allocate(0)
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_caching_layer_matches_its_reference(seed):
+    """Sizes repeat in phases (as a program's loops do), so many requests hit the cache and some miss
+    and flush it; every byte stays accounted for, no two blocks overlap, and a flush coalesces back
+    to what the plain policy holds."""
+    capacity = 1 << 24
+    rng, policy, ref = random.Random(seed), CachingOffsets(capacity), CachingReference(capacity)
+    sizes = [256 * rng.randint(1, 64) for _ in range(12)]
+    hits = 0
+    for step in range(5000):
+        if policy.live and rng.random() < 0.48:
+            off = rng.choice(list(policy.live))
+            assert policy.free(off) == ref.free_(off)
+        else:
+            size = sizes[step // 50 % len(sizes)] if rng.random() < 0.9 else rng.randint(1, 1 << 15)
+            align, top = 1 << rng.randint(0, 9), rng.random() < 0.02
+            hits += any(s == size for s, _ in ref.cache) and not top
+            got = policy.allocate(size, align, top)
+            assert got == ref.allocate(size, align, top), f"step {step}: allocate({size}, {align}, top={top})"
+            assert got is None or got % align == 0
+        if step % 89 == 0:
+            assert policy.free_bytes == capacity - sum(policy.live.values())
+            ref.flush()  # free_blocks flushes the policy's cache: the reference does the same
+            assert policy.free_blocks() == [tuple(b) for b in ref.free], "free blocks differ after a flush"
+            _check_accounting(policy, capacity)
+    assert hits > 200, f"only {hits} requests could take a cached block: the test does not exercise the cache"
+    for off in list(policy.live):
+        policy.free(off)
+    assert policy.free_blocks() == [(0, capacity)], "cached blocks did not coalesce back to one block"
+
+
+def test_caching_layer_reuses_the_lowest_block_and_flushes_on_a_miss():
+    p = CachingOffsets(1 << 20)
+    a, b, c, d = (p.allocate(4096, 256) for _ in range(4))
+    p.free(c), p.free(a)
+    assert p.allocate(4096, 256) == a, "the lowest cached block of the size comes first"
+    assert p.allocate(4096, 1 << 13) == 1 << 13 == c, "an aligned cached block serves a larger alignment"
+    p.free(b), p.free(c)
+    assert p.allocate(8192, 256) == b, "a miss coalesces the cached b and c into one 8 KiB block first"
+    assert p.largest_free() == p.free_bytes == (1 << 20) - 4 * 4096
+    with pytest.raises(ValueError, match="not the start"):
+        p.free(b + 256)
+    with pytest.raises(ValueError, match="not the start"):
+        p.free(c)  # freed already: now part of b's block

@@ -8,6 +8,7 @@ few bisections whatever the heap's state, and neighbours coalesce on free in O(1
 """
 from __future__ import annotations
 
+from heapq import heappop, heappush
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .sorted_ints import SortedInts
@@ -96,7 +97,13 @@ class Offsets:
         size = self.live.pop(offset, None)
         if size is None:
             raise ValueError(f"offset {offset} is not the start of a live allocation")
-        start, end = offset, offset + size
+        self.free_bytes += size
+        self._coalesce(offset, size)
+        return size
+
+    def _coalesce(self, start: int, size: int) -> None:
+        """Index [start, start + size) as free, joined with free neighbours."""
+        end = start + size
         right = self._length.get(end)
         if right is not None and start not in self._start_of_end:  # the usual case: it joins the block above
             del self._length[end]
@@ -104,8 +111,7 @@ class Offsets:
             self._start_of_end[end + right] = start
             shift = self._shift
             self._by_size.replace(right << shift | end, (size + right) << shift | start)
-            self.free_bytes += size
-            return size
+            return
         if right is not None:
             self._remove(end, right)
             end += right
@@ -114,8 +120,6 @@ class Offsets:
             self._remove(left, start - left)
             start = left
         self._add(start, end - start)
-        self.free_bytes += size
-        return size
 
     def free_at_least(self, length: int) -> Iterator[Tuple[int, int]]:
         """(start, length) of every free block of at least length bytes."""
@@ -134,3 +138,59 @@ class Offsets:
     def _remove(self, start: int, length: int) -> None:
         del self._length[start], self._start_of_end[start + length]
         self._by_size.remove(length << self._shift | start)
+
+
+class CachingOffsets(Offsets):
+    """Offsets with torch's caching habit in front: a freed block is kept whole under its exact size,
+    and the next request of that size takes the lowest such block (a heap per size: O(log k) in C,
+    and the heap still fills from the bottom). A request of a size with
+    nothing cached first gives every cached block back to the policy (so it coalesces, and no
+    request takes fresh space while freed memory sits in the cache); so does every query of free
+    space (trim's among them). Deterministic: the cache follows from the calls alone."""
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self._cache: Dict[int, List[int]] = {}  # size -> offsets of freed blocks of that size, a min-heap
+
+    def allocate(self, size: int, align: int = 1, top: bool = False) -> Optional[int]:
+        cached = self._cache.get(size)
+        if cached and not top and not cached[0] & (align - 1) and align > 0 and not align & (align - 1):
+            at = heappop(cached)
+            self.live[at] = size
+            self.free_bytes -= size
+            return at
+        self.flush()
+        return super().allocate(size, align, top)
+
+    def free(self, offset: int) -> int:
+        size = self.live.pop(offset, None)
+        if size is None:
+            raise ValueError(f"offset {offset} is not the start of a live allocation")
+        self.free_bytes += size
+        cached = self._cache.get(size)
+        if cached is None:
+            self._cache[size] = [offset]
+        else:
+            heappush(cached, offset)
+        return size
+
+    def flush(self) -> None:
+        """Give every cached block back to the policy (the order does not matter: free blocks end
+        up the same maximal runs whatever order they coalesce in)."""
+        if self._cache:
+            cache, self._cache = self._cache, {}
+            for size, offsets in cache.items():
+                for offset in offsets:
+                    self._coalesce(offset, size)
+
+    def largest_free(self) -> int:
+        self.flush()
+        return super().largest_free()
+
+    def free_at_least(self, length: int) -> Iterator[Tuple[int, int]]:
+        self.flush()
+        return super().free_at_least(length)
+
+    def free_blocks(self) -> List[Tuple[int, int]]:
+        self.flush()
+        return super().free_blocks()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import HeapOutOfMemory
-from .offsets import Offsets
+from .offsets import CachingOffsets
 
 
 class TorchAllocator:
@@ -19,7 +19,7 @@ class TorchAllocator:
         if block.device.type == "cpu":
             block.share_memory_()  # the host driver shares it by fd
         self.block, self.base, self.size = block, block.data_ptr(), heap_size
-        self.offsets = Offsets(heap_size)
+        self.offsets = CachingOffsets(heap_size)
         self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
 
     committed = property(lambda self: self.size)
@@ -30,7 +30,7 @@ class TorchAllocator:
             raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.capacity,
                                   f"The largest free block is {self.offsets.largest_free()} bytes. Free tensors with "
                                   "ctx.free(), or create the heap with a larger heap_size (or allocator='vmem').")
-        return offset, []
+        return offset, ()
 
     def undo(self, offset: int, new) -> None:
         self.offsets.free(offset)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DriverError, HeapOutOfMemory
-from .offsets import Offsets, round_up
+from .offsets import CachingOffsets, round_up
 from .sorted_ints import SortedInts
 
 DEFAULT_CHUNK = 2 << 20
@@ -43,7 +43,7 @@ class VMemAllocator:
         self.chunk = round_up(max(chunk_size, g), g)
         self.size = round_up(heap_size, self.chunk)
         self.base = driver.reserve(self.size)
-        self.offsets = Offsets(self.size)
+        self.offsets = CachingOffsets(self.size)
         self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
         self._segs: Dict[int, Segment] = {}   # offset -> segment
         self._seg_starts = SortedInts()       # their offsets, for lookups by bisection
@@ -55,8 +55,8 @@ class VMemAllocator:
         """Every backed segment, in address order."""
         return [self._segs[o] for o in self._seg_starts]
 
-    def allocate(self, nbytes: int, align: int, may_grow=_always) -> Tuple[Optional[int], List[Segment]]:
-        """The offset, and the segments created for it (the heap shares those with peers); (None, [])
+    def allocate(self, nbytes: int, align: int, may_grow=_always) -> Tuple[Optional[int], Sequence[Segment]]:
+        """The offset, and the segments created for it (the heap shares those with peers); (None, ())
         when the request would need new segments and may_grow() says no (asked only then)."""
         offset = self.offsets.allocate(nbytes, align)
         if offset is None:
@@ -64,14 +64,16 @@ class VMemAllocator:
                                   f"The largest free block is {self.offsets.largest_free()} bytes. "
                                   "Free tensors with ctx.free(), or create the heap with a larger heap_size "
                                   "(a vmem heap may exceed device memory).")
-        new: List[Segment] = []
         lo, hi = self._last
         if lo <= offset and offset + nbytes <= hi:  # the usual case: inside the segment the last request used
-            return offset, new
+            return offset, ()
         holes = self._holes(offset, offset + nbytes)
-        if holes and not may_grow():
+        if not holes:
+            return offset, ()
+        if not may_grow():
             self.offsets.free(offset)
-            return None, new
+            return None, ()
+        new: List[Segment] = []
         try:
             for lo, hi in holes:
                 new.append(self._map_new(lo, hi - lo))

@@ -60,8 +60,7 @@ class Lifetimes:
 
     def _init_lifetimes(self) -> None:
         self._serial = 0                      # collective allocations so far: the same on every rank
-        self._at: Dict[int, Block] = {}       # offset -> live block made by allocate
-        self._live: Dict[int, Block] = {}     # serial -> the same blocks, in allocation order
+        self._at: Dict[int, Block] = {}       # offset -> live block made by allocate, in allocation order
         self._queued: Dict[int, Block] = {}   # serial -> block whose last tensor died here
         self._pinned: Dict[int, Block] = {}   # serial -> freed block that tensors still cover
         self._alive = 0                       # owners alive, over every block (and peer views)
@@ -88,7 +87,7 @@ class Lifetimes:
 
     def _forget(self, block: Block) -> None:
         """Give a block's offset back to the policy (freed explicitly or agreed garbage)."""
-        del self._at[block.offset], self._live[block.serial]
+        del self._at[block.offset]
         block.freed = True
         self._queued.pop(block.serial, None)
         if block.tensors:
@@ -103,10 +102,10 @@ class Lifetimes:
     def offsets_since(self, mark: int) -> List[int]:
         """Offsets of live blocks allocated at or after serial mark, in allocation order."""
         out = []
-        for serial in reversed(self._live):
-            if serial < mark:
+        for block in reversed(self._at.values()):  # a dict keeps insertion order: allocation order here
+            if block.serial < mark:
                 break
-            out.append(self._live[serial].offset)
+            out.append(block.offset)
         return out[::-1]
 
     def pinned_ranges(self):

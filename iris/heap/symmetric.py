@@ -16,9 +16,6 @@ from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import tensor_at, tensor_maker
 
-_ALIGN_TEXT = {256: "align=256"}  # the usual call's text, not formatted per allocation
-
-
 class SymmetricHeap(PeerMaps, Imports, Lifetimes):
     """Every rank's heap at one layout, each peer's mapped here. Creating it is collective."""
 
@@ -27,6 +24,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self.rank, self.world, self.size = group.rank, group.world, allocator.size
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
+        self._record, self._check_each = self.symmetry.note, self.symmetry.mode == "full"
         self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [its Region, imports there]
         self._regions: Dict[int, Region] = {}  # offset of a region of imported memory -> it
         self._import_blocks: Dict[int, Block] = {}  # offset of an imported tensor -> its block
@@ -52,68 +50,68 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
 
     # -- allocation --------------------------------------------------------
-    def allocate(self, nbytes: int, align: int = 256) -> Block:
-        """A new block of nbytes. Collective: all ranks, same order, same sizes.
+    def new_tensor(self, shape, dtype: torch.dtype, nbytes=None) -> torch.Tensor:
+        """A fresh heap tensor of shape and dtype (nbytes: its size, if known) over a new block: one
+        allocation, one view. Collective: all ranks, same order, same sizes.
 
-        Blocks are whole multiples of align, so every free block starts aligned and the policy's
+        Blocks are whole multiples of 256 bytes, so every free block starts aligned and the policy's
         first candidate always fits. Inside CUDA graph capture only backed memory can be used:
         growth is a driver call and an exchange with peers, which capture forbids."""
+        if nbytes is None:
+            nbytes = math.prod(shape) * dtype.itemsize
         if self.closed:
             raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
-        call = ("allocate", nbytes, _ALIGN_TEXT.get(align) or f"align={align}")
-        if self.symmetry.mode == "full":
-            self.check_symmetry(f"allocate({nbytes}, {align})")
-        size = ((nbytes or 1) + align - 1) & -align
+        if self._check_each:
+            self.check_symmetry(f"allocate({nbytes}, 256)")
+        size = ((nbytes or 1) + 255) & -256
         try:
-            offset, new = self.alloc.allocate(size, align, self._may_grow)
+            offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
-                self._grow(nbytes, None, None, call, None)  # peers grew; tell them this rank could not
+                self._grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
                 raise
             if not self.collect("allocate (heap full)"):  # every rank is full here too
                 raise
-            offset, new = self.alloc.allocate(size, align, self._may_grow)
+            offset, new = self.alloc.allocate(size, 256, self._may_grow)
         if offset is None:
             raise CaptureError(f"allocating {nbytes} bytes needs the heap to grow, which cannot happen during CUDA "
                                "graph capture (growth maps new memory and exchanges it with the peers). Allocate "
                                "this tensor before capture, or reserve room first: before capturing, allocate and "
                                "free one tensor as large as everything the graph allocates.")
         if new:
-            self._grow(nbytes, offset, new, call, lambda: self.alloc.undo(offset, new))
-        self.symmetry.record(call)
+            self._grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
+        self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
         self.stats["allocations"] += 1
         self._serial = serial = self._serial + 1
-        block = Block(offset, nbytes, serial)
-        self._at[offset] = self._live[serial] = block
-        return block
+        if not serial & 1023:
+            self.symmetry.bound()
+        self._at[offset] = block = Block(offset, nbytes, serial)
+        return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
 
     def _may_grow(self) -> bool:
         """Whether new memory may be mapped now: not during CUDA graph capture. The allocator asks
         only when a request needs new segments, so the usual allocation skips the query."""
         return not (self._capturable and torch.cuda.is_current_stream_capturing())
 
-    def new_tensor(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """A fresh heap tensor of shape and dtype: one allocation, one view. Collective."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        block = self.allocate(nbytes)
-        return self._view(self._base + block.offset, shape, dtype, self.device, Owner(self, block), nbytes)
-
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse. Collective: all ranks, same order."""
-        call = ("free", offset)
         block = self._at.get(offset)
         if block is not None:
-            self._forget(block)
-            size = block.nbytes
-        elif offset in self._adopted:  # an imported tensor: its region goes once no tensor covers it
-            self._free_import(offset)
-            size = 0
-        else:
+            return self.free_block(block)
+        if offset not in self._adopted:
             raise ValueError(f"free: no live allocation starts at heap offset {offset}: it was freed already "
                              "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
-        self.symmetry.note(call)
+        self._free_import(offset)  # an imported tensor: its region goes once no tensor covers it
+        self._record(~offset)
         self.stats["frees"] += 1
-        return size
+        return 0
+
+    def free_block(self, block: Block) -> int:
+        """free() of a live block made by allocate."""
+        self._forget(block)
+        self._record(~block.offset)  # the digest's record of free(offset)
+        self.stats["frees"] += 1
+        return block.nbytes
 
     def check_symmetry(self, pending: str = "", what: str = "barrier") -> None:
         """Compare every rank's call digest and release agreed garbage; doubles as a barrier.

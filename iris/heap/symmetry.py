@@ -7,6 +7,7 @@ divergent request is refused before any rank acts on it.
 from __future__ import annotations
 
 import hashlib
+from array import array
 import os
 
 from ..errors import SymmetryError
@@ -26,6 +27,8 @@ def _ignore(call) -> None:
 
 
 def _text(call) -> str:
+    if isinstance(call, int):
+        return f"allocate({call}, align=256)" if call >= 0 else f"free({~call})"
     return call if isinstance(call, str) else f"{call[0]}({', '.join(map(str, call[1:]))})"
 
 
@@ -43,22 +46,32 @@ class SymmetryCheck:
         self.agreed, self.since = 0, []  # call count at the last agreement, and calls after it
         self.reported = False  # a divergence was raised here already (close() does not raise it again)
         self._unhashed = []  # calls since the last token: hashed there, off the allocation path
-        # note(call): record() without its length check, for frees (never more than the allocations
-        # and imports recorded before them); a C call, no Python frame
+        # note(call): record a call without the length check (a C call, no Python frame; the heap
+        # calls bound() every 1024 allocations instead). A call is a string; a tuple (name, *args),
+        # formatted only when hashed; or an int: n >= 0 allocated n bytes at the usual alignment,
+        # n < 0 freed the block at offset ~n. Batches of ints alone hash as raw int64s.
         self.note = self._unhashed.append if mode != "off" else _ignore
 
     def record(self, call) -> None:
-        """call: a string, or a tuple (name, *args) formatted only when hashed."""
-        if self.mode != "off":
-            self._unhashed.append(call)
-            if len(self._unhashed) >= 1024:
-                self._flush()
+        """note(call), then bound()."""
+        self.note(call)
+        self.bound()
+
+    def bound(self) -> None:
+        """Hash the calls noted so far if they are many. Called at points every rank reaches after
+        the same calls, so batches end at the same call on every rank."""
+        if len(self._unhashed) >= 1024:
+            self._flush()
 
     def _flush(self) -> None:
         # one repr per batch; batches end at the same call on every rank that made the same calls
         if len(self.since) < self.WINDOW:  # the window fills here, off the allocation path
             self.since += self._unhashed[:self.WINDOW - len(self.since)]
-        self._digest.update(repr(self._unhashed).encode())
+        try:
+            data = array("q", self._unhashed).tobytes()
+        except TypeError:  # a string or tuple among the calls
+            data = repr(self._unhashed).encode()
+        self._digest.update(data)
         self.calls += len(self._unhashed)
         self.last = _text(self._unhashed[-1])
         self._unhashed.clear()
