@@ -16,7 +16,7 @@ def group_ranks(group, call: str) -> list:
     try:
         import torch.distributed as dist
         return list(dist.get_process_group_ranks(group))
-    except (ImportError, AttributeError, RuntimeError, ValueError) as e:
+    except (ImportError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as e:
         raise TypeError(f"{call}: group must be None, a list of ranks or a torch.distributed group; "
                         f"got {type(group).__name__} ({e})") from None
 

@@ -205,12 +205,17 @@ class CCL:
         plan = self.plans.get(key)
         if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
             self._check(mode, out, inp, want, len(ranks))
-            self._check_heap_inp(mode, inp, ranks)
-            plan = self.plans[key] = self._plan_group(mode, out, inp, ranks, op, config or _DEFAULT, src)
+            plan = None
         self._check_layout(out, inp)
         self._check_heap_inp(mode, inp, ranks)
         o, i = out.data_ptr(), inp.data_ptr()
         staged = o < i + inp.nbytes and i < o + out.nbytes  # in place: results wait in scratch (see group_kernel)
+        if staged and mode == "ag" and len(ranks) > 1:
+            raise CollectiveError(f"all_gather(group= of ranks {list(ranks)}) cannot run in place: the peers read inp "
+                                  "at their own heap offset, and inp inside out sits at another offset on every rank; "
+                                  "pass a separate heap inp")
+        if plan is None:
+            plan = self.plans[key] = self._plan_group(mode, out, inp, ranks, op, config or _DEFAULT, src)
         if staged and not plan.workspace:
             plan.workspace = (torch.empty_like(out),)
         plan.args[2] = plan.workspace[0] if staged else out
