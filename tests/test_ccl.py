@@ -98,6 +98,19 @@ def check_repeats(ctx, n, cfg, reps, dtype=torch.float32):
     return bad
 
 
+def wrong_errors(cases):
+    """Each (call, kind, words) must raise kind with words in its message; returns the cases that did not."""
+    bad = []
+    for i, (call, kind, words) in enumerate(cases):
+        try:
+            call()
+            bad.append((i, "no error"))
+        except kind as e:
+            if words not in str(e):
+                bad.append((i, str(e)))
+    return bad
+
+
 def check_errors(ctx):
     """Bad arguments raise before anything is allocated: the heap's live blocks stay as they were."""
     live = set(ctx.heap.alloc.offsets.live)
@@ -123,14 +136,7 @@ def check_errors(ctx):
     ]
     other = "cpu" if dev.type == "cuda" else "meta"
     cases.append((lambda: ctx.ccl.all_reduce(x, torch.ones(10, device=other)), CollectiveError, f"is on {other}"))
-    bad = []
-    for i, (call, kind, words) in enumerate(cases):
-        try:
-            call()
-            bad.append((i, "no error"))
-        except kind as e:
-            if words not in str(e):
-                bad.append((i, str(e)))
+    bad = wrong_errors(cases)
     if set(ctx.heap.alloc.offsets.live) != live:
         bad.append("the heap changed")
     return bad
@@ -225,6 +231,32 @@ def _progress(ctx, what):
     print(f"{time.strftime('%H:%M:%S')} rank {ctx.rank}: {what}", flush=True)
 
 
+def graph_wrong(call, x, out, ranks, rank, times, replays):
+    """Captures `times` all_reduce calls (call(), then its out copied back into x) in a CUDA graph and
+    replays it with new bf16 data (ranks: the ranks reduced over); returns the number of wrong replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(times):
+            call()
+            x.copy_(out)
+    wrong = 0
+    for rep in range(replays):
+        xs = [_data(x.shape, torch.bfloat16, q, rep % 5, x.device) for q in ranks]
+        x.copy_(xs[ranks.index(rank)])
+        out.fill_(POISON)
+        g.replay()
+        want = xs
+        for _ in range(times):
+            want = [_reduce(want, ReduceOp.SUM)] * len(ranks)
+        wrong += not _same(x, want[0])
+    return wrong
+
+
 def rank_gpu(reps, replays):
     ctx = iris.iris(heap_size=3 << 30)
     r, w, dev = ctx.rank, ctx.world, ctx.device
@@ -270,26 +302,7 @@ def rank_gpu(reps, replays):
         x = torch.empty(n, dtype=torch.bfloat16, device=dev)
         out = torch.empty_like(x)
         ctx.ccl.all_reduce_preamble(out, x, config=cfg)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            ctx.ccl.all_reduce(out, x, config=cfg)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(4):
-                ctx.ccl.all_reduce(out, x, config=cfg)
-                x.copy_(out)
-        wrong = 0
-        for rep in range(replays):
-            xs = [_data((n,), torch.bfloat16, q, rep % 5, dev) for q in range(w)]
-            x.copy_(xs[r])
-            out.fill_(POISON)
-            g.replay()
-            want = xs
-            for _ in range(4):
-                want = [_reduce(want, ReduceOp.SUM)] * w
-            wrong += not _same(x, want[0])
+        wrong = graph_wrong(lambda: ctx.ccl.all_reduce(out, x, config=cfg), x, out, list(range(w)), r, 4, replays)
         if wrong:
             bad.append(("graph", n, wrong))
     ctx.close()

@@ -9,7 +9,7 @@ import torch
 
 import iris
 from iris.ccl import CollectiveError, Config, ReduceOp
-from test_ccl import POISON, _data, _poisoned, _reduce, _same
+from test_ccl import POISON, _data, _poisoned, _reduce, _same, graph_wrong, wrong_errors
 
 OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN)
 
@@ -103,16 +103,7 @@ def check_group_errors(ctx, heap, pair):
         (lambda: ctx.ccl.all_reduce(torch.ones(10, dtype=torch.int32, device=dev), h, group=pair),
          CollectiveError, "must match"),
     ]
-    bad = []
-    for i, (call, kind, words) in enumerate(cases):
-        if r not in pair and i >= 2:  # pair's calls only: this rank is not in it
-            continue
-        try:
-            call()
-            bad.append((i, "no error"))
-        except kind as e:
-            if words not in str(e):
-                bad.append((i, str(e)))
+    bad = wrong_errors(cases if r in pair else cases[:2])  # the others are pair's calls
     if set(ctx.heap.alloc.offsets.live) != live or len(ctx.ccl.plans) != plans:
         bad.append("the heap or the plans changed")
     return bad
@@ -133,8 +124,8 @@ def run_groups(ctx, dist, dtypes, reps, big=()):
     """World 4: A = [0, 2] (a torch group, strided), B = [1, 2, 3] (a list), C = (3, 1) (a tuple in its own
     order, sharing the pair (1, 3) with B), each rank alone, and every rank in reverse order. Each rank
     makes its groups' calls in one order, so rank 2 alternates A and B, ranks 1 and 3 alternate B and C,
-    and rank 0 works with A only while 1 and 3 run B and C. big: pairs of shapes for check_calls, run
-    with the default config over A and B."""
+    and rank 0 works with A only while 1 and 3 run B and C. reps: rounds over dtypes; big: pairs of
+    shapes for check_calls, run with the default config over A and B."""
     r, w = ctx.rank, ctx.world
     a = dist.new_group([0, 2])
     nbytes = 8 * max([4 * 5 * 7 * w] + [math.prod(s) * w for shapes in big for s in shapes])
@@ -143,11 +134,11 @@ def run_groups(ctx, dist, dtypes, reps, big=()):
               (list(range(w))[::-1], list(range(w))[::-1], 4)]
     cfg = Config(block_size=16, comm_sms=3)
     bad = check_group_errors(ctx, lambda s, d: slots(0, s, d), [0, 2])
-    for rep in range(reps):
-        for dtype in dtypes:
-            for group, ranks, slot in groups:
-                if r in ranks and (slot != 4 or (rep == 0 and dtype == dtypes[0])):
-                    bad += check_calls(ctx, lambda s, d: slots(slot, s, d), group, ranks, dtype, cfg, rep)
+    for rep in range(reps * len(dtypes)):  # rep also turns the reduction and broadcast's root
+        for group, ranks, slot in groups:
+            if r in ranks and (slot != 4 or rep == 0):
+                bad += check_calls(ctx, lambda s, d: slots(slot, s, d), group, ranks, dtypes[rep % len(dtypes)], cfg,
+                                   rep)
     for shapes in big:  # GPU sizes with the default config: many programs, 16-byte vectors
         for group, ranks, slot in groups[:2]:
             if r in ranks:
@@ -167,7 +158,7 @@ def rank_groups(dtypes, reps):
 
 
 def test_groups_host():
-    out = iris.spawn(rank_groups, 4, args=([torch.float32, torch.bfloat16, torch.int32], 2))
+    out = iris.spawn(rank_groups, 4, args=([torch.float32, torch.bfloat16, torch.int32], 1))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r}: {bad[:10]}"
 
@@ -177,33 +168,13 @@ def check_group_graph(ctx, heap, group, ranks, n, replays):
     """A group all_reduce captured (three calls, each result copied back into inp at once) and replayed
     with new data; then eager repeats of the same tensors (iris replays those from its own graph)."""
     r, dev = ctx.rank, ctx.device
-    me = ranks.index(r)
     x, out = heap((n,), torch.bfloat16), torch.empty(n, dtype=torch.bfloat16, device=dev)
     ctx.ccl.all_reduce(out, x, group=group)  # builds the plan outside capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ctx.ccl.all_reduce(out, x, group=group)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(3):
-            ctx.ccl.all_reduce(out, x, group=group)
-            x.copy_(out)
-    bad = []
-    for rep in range(replays):
-        xs = [_data((n,), torch.bfloat16, q, rep % 5, dev) for q in ranks]
-        x.copy_(xs[me])
-        out.fill_(POISON)
-        g.replay()
-        want = xs
-        for _ in range(3):
-            want = [_reduce(want, ReduceOp.SUM)] * len(ranks)
-        if not _same(x, want[0]):
-            bad.append(("graph", tuple(ranks), rep))
+    wrong = graph_wrong(lambda: ctx.ccl.all_reduce(out, x, group=group), x, out, ranks, r, 3, replays)
+    bad = [("graph", tuple(ranks), wrong)] if wrong else []
     for rep in range(12):
         xs = [_data((n,), torch.bfloat16, q, rep, dev) for q in ranks]
-        x.copy_(xs[me])
+        x.copy_(xs[ranks.index(r)])
         out.fill_(POISON)
         ctx.ccl.all_reduce(out, x, group=group)
         if not _same(out, _reduce(xs, ReduceOp.SUM)):

@@ -252,9 +252,9 @@ class CCL:
     def _check_heap_inp(self, call, inp, ranks) -> None:
         if not (self._lo <= inp.data_ptr() and inp.data_ptr() + inp.nbytes <= self._hi):
             raise CollectiveError(
-                f"{_NAMES[call]}(group= of ranks {list(ranks)}): inp must be a heap tensor, the same collective allocation "
-                "on every rank: a group's peers read it in place (a workspace cannot be allocated, heap allocation "
-                "is collective over all ranks); allocate inp with ctx.empty/ctx.zeros or import it with "
+                f"{_NAMES[call]}(group= of ranks {list(ranks)}): inp must be a heap tensor, the same collective "
+                "allocation on every rank: a group's peers read it in place (a workspace cannot be allocated, heap "
+                "allocation is collective over all ranks); allocate inp with ctx.empty/ctx.zeros or import it with "
                 "ctx.as_symmetric (collective), out may be any tensor")
 
     def _group(self, group, call):
