@@ -132,7 +132,7 @@ def run_groups(ctx, dist, dtypes, reps, big=()):
     slots = Slots(ctx, 5, nbytes)
     groups = [(a, [0, 2], 0), ([1, 2, 3], [1, 2, 3], 1), ((3, 1), [3, 1], 2), ([r], [r], 3),
               (list(range(w))[::-1], list(range(w))[::-1], 4)]
-    cfg = Config(block_size=16, comm_sms=3)
+    cfg = Config(block_size=16, comm_sms=2)  # two programs, one with two steps, partial last blocks
     bad = check_group_errors(ctx, lambda s, d: slots(0, s, d), [0, 2])
     for rep in range(reps * len(dtypes)):  # rep also turns the reduction and broadcast's root
         for group, ranks, slot in groups:

@@ -217,6 +217,8 @@ class CCL:
         if plan is None:
             plan = self.plans[key] = self._plan_group(mode, out, inp, ranks, op, config or _DEFAULT, src)
         if staged and not plan.workspace:
+            self._ready("the first in-place call of a group collective at a new shape allocates a scratch tensor",
+                        "call it once in place")
             plan.workspace = (torch.empty_like(out),)
         plan.args[2] = plan.workspace[0] if staged else out
         plan(out, inp, (staged,))
@@ -340,7 +342,8 @@ class CCL:
         """The group kernel's plan: no heap workspace (ranks outside the group never call, and heap
         allocation is collective), only this rank's device tensors: the group's members and the
         kernel's seen counts, both built outside capture."""
-        self._ready("the first call of a group collective at a new shape builds small device tensors")
+        self._ready("the first call of a group collective at a new shape builds small device tensors",
+                    "call it once")
         ctx, g = self.ctx, len(ranks)
         counters = ctx._group_counters
         if self._seen is None:
@@ -370,10 +373,9 @@ class CCL:
         return config.block_size or max(16, (16 * _KiB) // inp.element_size())
 
     def _ready(self, what="the first call of a collective at a new shape allocates its workspace "
-                           "collectively") -> None:
+                           "collectively", how="call it once (or all_reduce_preamble)") -> None:
         if self.ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise CollectiveError(f"{what} and cannot be captured; call it once (or all_reduce_preamble) "
-                                  "before capturing the graph")
+            raise CollectiveError(f"{what} and cannot be captured; {how} before capturing the graph")
 
 
 __all__ = ["CCL", "CollectiveError", "Config", "ReduceOp"]
