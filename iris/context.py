@@ -22,11 +22,12 @@ from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
 
 ALIGN = 256
+GROUP_PROGRAMS = 128  # most programs of a group collective: each has a counter per source rank in the reserve
 
 
 def _internal_bytes(world: int) -> int:
-    """Room for iris's own flags (the device barrier's, and later ones), kept outside heap_size."""
-    return round_up(max(4096, 8 * (world + 1)), ALIGN)
+    """Room for iris's own flags (the device barrier's, the group collectives' counters), outside heap_size."""
+    return round_up(max(4096, round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world), ALIGN)
 
 
 def _shape(size) -> torch.Size:
@@ -95,6 +96,9 @@ class Iris:
             self._internal.zero_()
             self._internal_used = 0
             self._barrier_flags = self._internal_flags(self.world + 1, torch.int64)
+            # ccl's group collectives: counter [p][s] counts the signals program p of rank s sent here
+            self._group_counters = self._internal_flags(GROUP_PROGRAMS * self.world, torch.int64).view(
+                GROUP_PROGRAMS, self.world)
             self._device_context = None
             self.barrier()  # every rank's flags are zero before any rank signals into them
         except BaseException as e:
@@ -486,7 +490,7 @@ class Iris:
             if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
             self._imported, self._imported_at = {}, {}
-            for own in ("_internal", "_barrier_flags"):  # the context's own tensors must not hold the memory
+            for own in ("_internal", "_barrier_flags", "_group_counters"):  # the context's own tensors must not hold the memory
                 self.__dict__.pop(own, None)
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
                 if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises

@@ -1,9 +1,24 @@
-"""Host-side collectives over the job's group: broadcast of Python values and tensors, and the
-check that a `group=` argument means the whole job (the only group iris's barriers span)."""
+"""Host-side collectives over the job's group: broadcast of Python values and tensors; the ranks of a
+`group=` argument, and the check that one means the whole job (the only group iris's barriers span)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+
+def group_ranks(group, call: str) -> list:
+    """The global ranks of group (a torch.distributed group, or a list/tuple of ranks), in the group's
+    order (torch's group rank); a set or frozenset is sorted."""
+    if isinstance(group, (set, frozenset)):
+        return sorted(group)
+    if isinstance(group, (list, tuple, range)):
+        return list(group)
+    try:
+        import torch.distributed as dist
+        return list(dist.get_process_group_ranks(group))
+    except (ImportError, AttributeError, KeyError, RuntimeError, TypeError, ValueError) as e:
+        raise TypeError(f"{call}: group must be None, a list of ranks or a torch.distributed group; "
+                        f"got {type(group).__name__} ({e})") from None
 
 
 def covers_job(group, world: int, call: str) -> None:
@@ -11,15 +26,7 @@ def covers_job(group, world: int, call: str) -> None:
     subset raises NotImplementedError naming the ranks (iris's flags and channel span the job)."""
     if group is None:
         return
-    if isinstance(group, (list, tuple, set, frozenset, range)):
-        ranks = sorted(group)
-    else:
-        try:
-            import torch.distributed as dist
-            ranks = sorted(dist.get_process_group_ranks(group))
-        except (ImportError, AttributeError, RuntimeError, ValueError) as e:
-            raise TypeError(f"{call}: group must be None, a list of ranks or a torch.distributed group; "
-                            f"got {type(group).__name__} ({e})") from None
+    ranks = sorted(group_ranks(group, call))
     if ranks != list(range(world)):
         raise NotImplementedError(f"{call}(group=ranks {ranks}): iris synchronizes the whole job of {world} ranks "
                                   "only; pass group=None, or synchronize a subset with iris.signal/iris.wait "

@@ -98,6 +98,19 @@ def check_repeats(ctx, n, cfg, reps, dtype=torch.float32):
     return bad
 
 
+def wrong_errors(cases):
+    """Each (call, kind, words) must raise kind with words in its message; returns the cases that did not."""
+    bad = []
+    for i, (call, kind, words) in enumerate(cases):
+        try:
+            call()
+            bad.append((i, "no error"))
+        except kind as e:
+            if words not in str(e):
+                bad.append((i, str(e)))
+    return bad
+
+
 def check_errors(ctx):
     """Bad arguments raise before anything is allocated: the heap's live blocks stay as they were."""
     live = set(ctx.heap.alloc.offsets.live)
@@ -123,14 +136,7 @@ def check_errors(ctx):
     ]
     other = "cpu" if dev.type == "cuda" else "meta"
     cases.append((lambda: ctx.ccl.all_reduce(x, torch.ones(10, device=other)), CollectiveError, f"is on {other}"))
-    bad = []
-    for i, (call, kind, words) in enumerate(cases):
-        try:
-            call()
-            bad.append((i, "no error"))
-        except kind as e:
-            if words not in str(e):
-                bad.append((i, str(e)))
+    bad = wrong_errors(cases)
     if set(ctx.heap.alloc.offsets.live) != live:
         bad.append("the heap changed")
     return bad
@@ -186,7 +192,8 @@ def rank_host(dtypes, reps):
 
 
 def check_group(ctx):
-    """group=: every rank in order works; a subset is refused with NotImplementedError naming the fix."""
+    """group=: every rank in order (a torch group or a list) takes the whole-job path; over a subset (see
+    test_ccl_groups.py) a plain inp is refused naming the fix, and a rank outside the group is refused."""
     import torch.distributed as dist
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(20000 + sum(map(ord, os.environ.get("IRIS_SOCKET_DIR", ""))) % 20000))
@@ -194,14 +201,17 @@ def check_group(ctx):
     everyone, first = dist.new_group(list(range(ctx.world))), dist.new_group([0])
     bad = []
     x = torch.full((5,), ctx.rank + 1.0)
-    ctx.ccl.all_reduce(x, x, group=everyone)
-    if not _same(x, torch.full((5,), ctx.world * (ctx.world + 1) / 2)):
-        bad.append(("group of all", x.tolist()))
+    for group in (everyone, list(range(ctx.world))):
+        x.fill_(ctx.rank + 1.0)
+        ctx.ccl.all_reduce(x, x, group=group)
+        if not _same(x, torch.full((5,), ctx.world * (ctx.world + 1) / 2)):
+            bad.append(("group of all", x.tolist()))
+    words = "ctx.as_symmetric" if ctx.rank == 0 else "not in group"
     try:
         ctx.ccl.all_reduce(x, x, group=first)
-        bad.append("a subset group was accepted")
-    except NotImplementedError as e:
-        if "iris context over just that group" not in str(e):
+        bad.append("a plain inp over a subset group was accepted")
+    except CollectiveError as e:
+        if words not in str(e):
             bad.append(str(e))
     dist.destroy_process_group()
     return bad
@@ -219,6 +229,32 @@ def test_collectives_host(world):
 def _progress(ctx, what):
     import time
     print(f"{time.strftime('%H:%M:%S')} rank {ctx.rank}: {what}", flush=True)
+
+
+def graph_wrong(call, x, out, ranks, rank, times, replays):
+    """Captures `times` all_reduce calls (call(), then its out copied back into x) in a CUDA graph and
+    replays it with new bf16 data (ranks: the ranks reduced over); returns the number of wrong replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(times):
+            call()
+            x.copy_(out)
+    wrong = 0
+    for rep in range(replays):
+        xs = [_data(x.shape, torch.bfloat16, q, rep % 5, x.device) for q in ranks]
+        x.copy_(xs[ranks.index(rank)])
+        out.fill_(POISON)
+        g.replay()
+        want = xs
+        for _ in range(times):
+            want = [_reduce(want, ReduceOp.SUM)] * len(ranks)
+        wrong += not _same(x, want[0])
+    return wrong
 
 
 def rank_gpu(reps, replays):
@@ -266,26 +302,7 @@ def rank_gpu(reps, replays):
         x = torch.empty(n, dtype=torch.bfloat16, device=dev)
         out = torch.empty_like(x)
         ctx.ccl.all_reduce_preamble(out, x, config=cfg)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            ctx.ccl.all_reduce(out, x, config=cfg)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(4):
-                ctx.ccl.all_reduce(out, x, config=cfg)
-                x.copy_(out)
-        wrong = 0
-        for rep in range(replays):
-            xs = [_data((n,), torch.bfloat16, q, rep % 5, dev) for q in range(w)]
-            x.copy_(xs[r])
-            out.fill_(POISON)
-            g.replay()
-            want = xs
-            for _ in range(4):
-                want = [_reduce(want, ReduceOp.SUM)] * w
-            wrong += not _same(x, want[0])
+        wrong = graph_wrong(lambda: ctx.ccl.all_reduce(out, x, config=cfg), x, out, list(range(w)), r, 4, replays)
         if wrong:
             bad.append(("graph", n, wrong))
     ctx.close()

@@ -1,5 +1,6 @@
 """ctx.ccl: the collectives' host calls. Each call checks its tensors, finds (or, the first time, builds)
-the plan for its (collective, shapes, dtype, op, config) and launches one kernel.
+the plan for its (collective, shapes, dtype, op, config) and launches one kernel. Calls over a subset
+group go to group_kernel.py's kernel instead, which allocates nothing on the heap (see _plan_group).
 
 A plan holds the heap workspace (staging buffers and flags), this rank's epoch counters and a
 Launcher of the compiled kernel with its grid and argument tuple, so a repeated call costs a cache
@@ -17,12 +18,15 @@ import torch
 
 from ..allocators.offsets import round_up
 from ..errors import IrisError
+from ..host_collectives import group_ranks
 from ..launch import Launcher
 from .config import Config, ReduceOp
+from .group_kernel import group_kernel
 from .kernels import pull_kernel, push_kernel, two_shot_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 _DEFAULT = Config()
+_NAMES = {"ar": "all_reduce", "ag": "all_gather", "rs": "reduce_scatter", "a2a": "all_to_all", "bc": "broadcast"}
 _KiB, _MiB = 1 << 10, 1 << 20
 
 
@@ -36,7 +40,8 @@ def _pow2(x: int) -> int:
 
 class _Plan:
     """One collective at one shape: its workspace, its argument tuple, and a Launcher per alignment of the
-    user's tensors (and, for two-shot, per heap residence of inp and out, which are constexprs)."""
+    user's tensors (and per value of the constexprs at flag_at: for two-shot, the heap residence of inp
+    and out; for a group, whether out overlaps inp)."""
     __slots__ = ("fn", "grid", "args", "warps", "launchers", "workspace", "variant", "flag_at")
 
     def __init__(self, fn, grid, args, num_warps, workspace, variant, flag_at=None):
@@ -48,7 +53,7 @@ class _Plan:
         a = self.args
         a[0], a[1] = inp, out
         if flags:
-            a[self.flag_at], a[self.flag_at + 1] = flags
+            a[self.flag_at:self.flag_at + len(flags)] = flags
         key = (inp.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0, flags)
         launcher = self.launchers.get(key)
         if launcher is None:
@@ -60,16 +65,21 @@ class _Plan:
 
 
 class CCL:
-    """Collectives over the heap, as ctx.ccl. Every call is collective: all ranks, same order, same
-    sizes; the first call of a new shape allocates its workspace on the heap (collectively) and must
-    not be inside CUDA graph capture. Tensors need not be heap tensors: inputs are staged through
-    the workspace. Calls are ordered on the current stream like any kernel; async_op is accepted for
-    Iris compatibility and changes nothing (nothing waits on the host)."""
+    """Collectives over the heap, as ctx.ccl. Every call is collective: all ranks (of the group), same
+    order, same sizes; the first call of a new shape over every rank allocates its workspace on the
+    heap (collectively) and must not be inside CUDA graph capture. Tensors need not be heap tensors:
+    inputs are staged through the workspace, except over a subset group (group=), where inp must be a
+    heap tensor and nothing is allocated on the heap. Calls are ordered on the current stream like
+    any kernel; async_op is accepted for Iris compatibility and changes nothing (nothing waits on the
+    host)."""
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.plans = {}
         self._last_ar = None
+        self._groups = {}   # group (or tuple of ranks) -> its ranks, or None for every rank in order
+        self._members = {}  # a group's ranks -> int64 device tensor of its ranks, then their heap bases
+        self._seen = None   # signals waited for, per (program, source rank): the group kernel's own counts
         self._lo = ctx.heap.bases[ctx.rank]
         self._hi = self._lo + ctx.heap.size
         if ctx.device.type == "cuda":
@@ -88,16 +98,22 @@ class CCL:
         return self.plans[key]
 
     def all_reduce(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
-        """out = inp reduced (sum, max or min) over all ranks; out may be inp. Shapes (M, N) or any,
-        equal; fp32, bf16, fp16, int32, int64. Floats accumulate in fp32 in rank order, so every rank
-        gets bit-identical results. one_shot (each rank reads every peer's staged copy) up to
-        Config.one_shot_max_bytes, two_shot_push above (every rank stores each peer's chunk of its
-        input into that peer's stage, reduces its own chunk, stores the result into every peer; an out
-        on the heap is written directly and must then be the same heap tensor on every rank); the
-        pull-based "two_shot" stays selectable through config. workspace= is accepted for Iris compatibility: plans are found by shape, so
-        all_reduce_preamble's result need not be passed. Collective: all ranks, same order, same sizes."""
+        """out = inp reduced (sum, max or min) over all ranks (of group); out may be inp. Shapes (M, N) or
+        any, equal; fp32, bf16, fp16, int32, int64. Floats accumulate in fp32 in rank order (group
+        order for a group), so every rank gets bit-identical results. one_shot (each rank reads every
+        peer's staged copy) up to Config.one_shot_max_bytes, two_shot_push above (every rank stores each
+        peer's chunk of its input into that peer's stage, reduces its own chunk, stores the result into
+        every peer; an out on the heap is written directly and must then be the same heap tensor on every
+        rank); the pull-based "two_shot" stays selectable through config. group: None, a
+        torch.distributed group or a list of global ranks; over a subset inp must be a heap tensor (see
+        docs/collectives.md). workspace= is accepted for Iris compatibility: plans are found by shape,
+        so all_reduce_preamble's result need not be passed. Collective: all ranks, same order, same
+        sizes."""
         if group is not None:
-            self._check_group(group)
+            ranks = self._group(group, "all_reduce")[0]
+            if ranks is not None:
+                self._run_group("ar", out, inp, ranks, config, tuple(inp.shape), ReduceOp(op))
+                return
         m = self._last_ar  # the previous call's tensors: the common loop repeats them (a cheaper check)
         if (m is not None and m[0]() is inp and m[1]() is out and m[2] is op and m[3] is config
                 and m[4] == inp.data_ptr() and m[5] == out.data_ptr() and m[6] == inp.numel() == out.numel()):
@@ -116,34 +132,44 @@ class CCL:
             plan(out, inp)
 
     def all_gather(self, out, inp, group=None, async_op=False, config=None):
-        """out (world*M, N) = every rank's inp (M, N), rank r's at rows [r*M, (r+1)*M). Collective: all
-        ranks, same order, same sizes."""
-        self._run("ag", out, inp, group, config, (self.ctx.world * inp.shape[0],) + tuple(inp.shape[1:])
-                  if inp.dim() else None)
+        """out (world*M, N) = every rank's inp (M, N), rank r's at rows [r*M, (r+1)*M); over a group,
+        world is the group's size and r a rank's position in it (torch's layout). Collective: all ranks
+        (of the group), same order, same sizes."""
+        ranks, w = self._group(group, "all_gather")
+        self._run("ag", out, inp, ranks, config, (w * inp.shape[0],) + tuple(inp.shape[1:]) if inp.dim() else None)
 
     def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None):
         """out (M, N) on rank r = rows [r*M, (r+1)*M) of inp (world*M, N) reduced over all ranks (torch's
-        reduce_scatter_tensor layout). Collective: all ranks, same order, same sizes."""
-        want = (inp.shape[0] // self.ctx.world,) + tuple(inp.shape[1:]) if inp.dim() else None
-        if inp.dim() and inp.shape[0] % self.ctx.world:
+        reduce_scatter_tensor layout; over a group, world is its size and r a rank's position in it).
+        Collective: all ranks (of the group), same order, same sizes."""
+        ranks, w = self._group(group, "reduce_scatter")
+        want = (inp.shape[0] // w,) + tuple(inp.shape[1:]) if inp.dim() else None
+        if inp.dim() and inp.shape[0] % w:
             raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
-                                  f"the {self.ctx.world} ranks; pad it to {round_up(inp.shape[0], self.ctx.world)}")
-        self._run("rs", out, inp, group, config, want, ReduceOp(op))
+                                  f"the {w} ranks; pad it to {round_up(inp.shape[0], w)}")
+        self._run("rs", out, inp, ranks, config, want, ReduceOp(op))
 
     def all_to_all(self, out, inp, group=None, async_op=False, config=None):
         """inp and out (M, N*world): columns [r*N, (r+1)*N) of inp go to rank r, and out's columns
-        [r*N, (r+1)*N) come from rank r. Collective: all ranks, same order, same sizes."""
-        if inp.dim() != 2 or inp.shape[1] % self.ctx.world:
+        [r*N, (r+1)*N) come from rank r (over a group: world its size, r a position in it). Collective:
+        all ranks (of the group), same order, same sizes."""
+        ranks, w = self._group(group, "all_to_all")
+        if inp.dim() != 2 or inp.shape[1] % w:
             raise CollectiveError(f"all_to_all: inp must be 2-D (M, N*world) with N*world a multiple of "
-                                  f"{self.ctx.world}; got shape {tuple(inp.shape)}")
-        self._run("a2a", out, inp, group, config, tuple(inp.shape))
+                                  f"{w}; got shape {tuple(inp.shape)}")
+        self._run("a2a", out, inp, ranks, config, tuple(inp.shape))
 
     def broadcast(self, out, inp, src=0, group=None, async_op=False, config=None):
-        """out = rank src's inp on every rank (inp is read on src only; out may be inp). Collective: all
-        ranks, same order, same sizes."""
+        """out = rank src's inp on every rank (inp is read on src only; out may be inp). src is a global
+        rank, also with a group (as torch.distributed.broadcast). Collective: all ranks (of the group),
+        same order, same sizes."""
+        ranks = self._group(group, "broadcast")[0]
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
             raise CollectiveError(f"broadcast: src must be a rank in [0, {self.ctx.world}), got {src!r}")
-        self._run("bc", out, inp, group, config, tuple(inp.shape), src=src)
+        if ranks is not None and src not in ranks:
+            raise CollectiveError(f"broadcast: src {src} is not in the group of ranks {list(ranks)}; src is a "
+                                  "global rank, as in torch.distributed.broadcast")
+        self._run("bc", out, inp, ranks, config, tuple(inp.shape), src=src)
 
     def free(self) -> None:
         """Gives every workspace back to the heap (the next call of each shape builds it again).
@@ -162,9 +188,10 @@ class CCL:
         self.plans, self._last_ar = {}, None
 
     # -- plans -------------------------------------------------------------
-    def _run(self, mode, out, inp, group, config, want, op=ReduceOp.SUM, src=0):
-        if group is not None:
-            self._check_group(group)
+    def _run(self, mode, out, inp, ranks, config, want, op=ReduceOp.SUM, src=0):
+        if ranks is not None:
+            self._run_group(mode, out, inp, ranks, config, want, op, src)
+            return
         key = (mode, op, inp.shape, out.shape, inp.dtype, config, src)
         plan = self.plans.get(key)
         if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
@@ -173,7 +200,30 @@ class CCL:
         self._check_layout(out, inp)
         plan(out, inp)
 
-    def _check(self, call, out, inp, want) -> None:
+    def _run_group(self, mode, out, inp, ranks, config, want, op=ReduceOp.SUM, src=0):
+        key = ("group", mode, ranks, op, inp.shape, out.shape, inp.dtype, config, src)
+        plan = self.plans.get(key)
+        if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
+            self._check(mode, out, inp, want, len(ranks))
+            plan = None
+        self._check_layout(out, inp)
+        self._check_heap_inp(mode, inp, ranks)
+        o, i = out.data_ptr(), inp.data_ptr()
+        staged = o < i + inp.nbytes and i < o + out.nbytes  # in place: results wait in scratch (see group_kernel)
+        if staged and mode == "ag" and len(ranks) > 1:
+            raise CollectiveError(f"all_gather(group= of ranks {list(ranks)}) cannot run in place: the peers read inp "
+                                  "at their own heap offset, and inp inside out sits at another offset on every rank; "
+                                  "pass a separate heap inp")
+        if plan is None:
+            plan = self.plans[key] = self._plan_group(mode, out, inp, ranks, op, config or _DEFAULT, src)
+        if staged and not plan.workspace:
+            self._ready("the first in-place call of a group collective at a new shape allocates a scratch tensor",
+                        "call it once in place")
+            plan.workspace = (torch.empty_like(out),)
+        plan.args[2] = plan.workspace[0] if staged else out
+        plan(out, inp, (staged,))
+
+    def _check(self, call, out, inp, want, ranks=None) -> None:
         """Every argument error, raised before anything is allocated."""
         for name, t in (("out", out), ("inp", inp)):
             if not isinstance(t, torch.Tensor):
@@ -191,7 +241,7 @@ class CCL:
                                   f"got a 0-d tensor, use inp.reshape(1)")
         if tuple(out.shape) != tuple(want):
             raise CollectiveError(f"{call}: out has shape {tuple(out.shape)}, expected {tuple(want)} for inp of "
-                                  f"shape {tuple(inp.shape)} on {self.ctx.world} ranks")
+                                  f"shape {tuple(inp.shape)} on {ranks or self.ctx.world} ranks")
         if inp.numel() == 0:
             raise CollectiveError(f"{call}: inp has no elements; there is nothing to exchange")
         self._check_layout(out, inp)
@@ -201,14 +251,40 @@ class CCL:
         if not (out.is_contiguous() and inp.is_contiguous()):
             raise CollectiveError("collectives need contiguous out and inp; call .contiguous() first")
 
-    def _check_group(self, group) -> None:
-        import torch.distributed as dist
-        ranks = dist.get_process_group_ranks(group)
-        if ranks != list(range(self.ctx.world)):
-            raise NotImplementedError(
-                f"group= of ranks {ranks}: collectives over a subset of the heap's {self.ctx.world} ranks are not "
-                "supported (a workspace must be allocated collectively by every rank of the heap); create an iris "
-                "context over just that group's ranks, or pass group=None")
+    def _check_heap_inp(self, call, inp, ranks) -> None:
+        if not (self._lo <= inp.data_ptr() and inp.data_ptr() + inp.nbytes <= self._hi):
+            raise CollectiveError(
+                f"{_NAMES[call]}(group= of ranks {list(ranks)}): inp must be a heap tensor, the same collective "
+                "allocation on every rank: a group's peers read it in place (a workspace cannot be allocated, heap "
+                "allocation is collective over all ranks); allocate inp with ctx.empty/ctx.zeros or import it with "
+                "ctx.as_symmetric (collective), out may be any tensor")
+
+    def _group(self, group, call):
+        """(None, world) for group=None or every rank in order (the whole-job path); else (the group's
+        global ranks, checked, as a tuple; their count)."""
+        if group is None:
+            return None, self.ctx.world
+        key = tuple(group) if isinstance(group, list) else group
+        try:
+            ranks = self._groups[key]
+        except (KeyError, TypeError):
+            ranks = self._group_ranks(group, call)
+            try:
+                self._groups[key] = ranks
+            except TypeError:  # an unhashable group: checked every call
+                pass
+        return ranks, self.ctx.world if ranks is None else len(ranks)
+
+    def _group_ranks(self, group, call):
+        ranks, w = group_ranks(group, call), self.ctx.world
+        if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < w for r in ranks):
+            raise CollectiveError(f"{call}: group= must hold global ranks in [0, {w}); got {ranks}")
+        if len(set(ranks)) != len(ranks):
+            raise CollectiveError(f"{call}: group= names a rank twice: {ranks}")
+        if self.ctx.rank not in ranks:
+            raise CollectiveError(f"{call}: rank {self.ctx.rank} is not in group= of ranks {ranks}; only the "
+                                  "group's ranks make its calls")
+        return None if ranks == list(range(w)) else tuple(ranks)
 
     def _on_heap(self, t) -> bool:
         return self._lo <= t.data_ptr() < self._hi
@@ -228,9 +304,7 @@ class CCL:
             block, warps = config.block_size or max(16, (32 * _KiB) // inp.element_size()), config.num_warps or 16
         one = variant == "one_shot_push"  # one-shot push: every rank's whole input in every peer's stage
         chunk = round_up(n if one else -(-n // w), 16)
-        programs = max(1, min(config.comm_sms or self.sms, -(-chunk // block)))
-        per = round_up(-(-chunk // programs), block)
-        programs = -(-chunk // per)
+        programs, per = self._split(chunk, block, config)
         ctx = self.ctx
         stage = ctx.empty((2 if one else 1) * w * chunk, dtype=inp.dtype)
         gather = None if one else ctx.empty(w * chunk, dtype=inp.dtype)
@@ -254,9 +328,7 @@ class CCL:
         chunks = w if mode in ("rs", "a2a") else 1
         block, warps = self._block(config, inp), config.num_warps or 8
         cs = round_up(n, 16)
-        programs = max(1, min(config.comm_sms or self.sms, -(-n // block)))
-        per = round_up(-(-n // programs), block)
-        programs = -(-n // per)
+        programs, per = self._split(n, block, config)
         stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
         flags = ctx.zeros(programs * w, dtype=torch.int64)
         counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
@@ -266,14 +338,44 @@ class CCL:
                 w, _pow2(w), mode, op.value, inp.dtype.is_floating_point, block, config.spin_limit)
         return _Plan(pull_kernel, (programs,), args, warps, (stage, flags, counters), "one_shot")
 
+    def _plan_group(self, mode, out, inp, ranks, op, config, src):
+        """The group kernel's plan: no heap workspace (ranks outside the group never call, and heap
+        allocation is collective), only this rank's device tensors: the group's members and the
+        kernel's seen counts, both built outside capture."""
+        self._ready("the first call of a group collective at a new shape builds small device tensors",
+                    "call it once")
+        ctx, g = self.ctx, len(ranks)
+        counters = ctx._group_counters
+        if self._seen is None:
+            self._seen = torch.zeros_like(counters)
+        members = self._members.get(ranks)
+        if members is None:
+            bases = [ctx.heap.bases[r] for r in ranks]
+            members = self._members[ranks] = torch.tensor(list(ranks) + bases, dtype=torch.int64, device=ctx.device)
+        n = out.numel() if mode == "rs" else inp.numel() // g if mode == "a2a" else inp.numel()
+        block = self._block(config, inp)
+        programs, per = self._split(n, block, config, counters.shape[0])
+        cols = inp.shape[1] // g if mode == "a2a" else 1
+        me = ranks.index(ctx.rank)
+        args = (inp, out, out, members, counters, self._seen, n, per, cols, me, ctx.rank,
+                ranks.index(src) if mode == "bc" else 0, ctx.world, g, _pow2(g), mode, op.value,
+                inp.dtype.is_floating_point, False, block, config.spin_limit)
+        return _Plan(group_kernel, (programs,), args, config.num_warps or 8, (), "group", 18)
+
+    def _split(self, n, block, config, cap=1 << 30):
+        """(programs, elements per program): at most comm_sms (or an SM each) and cap programs, each a
+        whole number of blocks, none empty."""
+        programs = max(1, min(config.comm_sms or self.sms, -(-n // block), cap))
+        per = round_up(-(-n // programs), block)
+        return -(-n // per), per
+
     def _block(self, config, inp) -> int:
         return config.block_size or max(16, (16 * _KiB) // inp.element_size())
 
-    def _ready(self) -> None:
+    def _ready(self, what="the first call of a collective at a new shape allocates its workspace "
+                           "collectively", how="call it once (or all_reduce_preamble)") -> None:
         if self.ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise CollectiveError("the first call of a collective at a new shape allocates its workspace "
-                                  "collectively and cannot be captured; call it once (or all_reduce_preamble) "
-                                  "before capturing the graph")
+            raise CollectiveError(f"{what} and cannot be captured; {how} before capturing the graph")
 
 
 __all__ = ["CCL", "CollectiveError", "Config", "ReduceOp"]

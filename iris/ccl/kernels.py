@@ -1,6 +1,6 @@
 """Triton kernels of the collectives: one pull kernel (stage, one flag exchange, read the peers) for
 all_reduce one-shot, all_gather, reduce_scatter, all_to_all and broadcast; a two-shot all_reduce;
-a push all_reduce (one- or two-shot by remote stores only).
+a push all_reduce (one- or two-shot by remote stores only). Subset groups: group_kernel.py.
 
 Synchronisation never leaves the device. Each program p of a launch owns a row of flags on every
 rank and an epoch counter in this rank's memory; it increments its counter (so CUDA graph replays
@@ -21,29 +21,36 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
     """Writes epoch into slot `rank` of `row` on every peer (release, sys), then waits until every peer's
     slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
     PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags.
-    SPIN: 0 waits for ever; else the most polls before giving up, which writes -1 into slot `rank` of
-    this rank's own row (no peer writes there) so the host can tell (Config.spin_limit)."""
+    SPIN: as _await's; giving up marks slot `rank` of this rank's own row (no peer writes there)."""
     tl.debug_barrier()
     peers = tl.arange(0, PEERS)
     live = (peers < WORLD) & (peers != rank)
     slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
+    _await(row + peers, live, epoch, row + rank, SPIN)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _await(slots, live, target, mark, SPIN: tl.constexpr):
+    """Polls the live slots (int64 pointers, acquire, sys) until each reaches target (a scalar or one per
+    slot). SPIN: 0 waits for ever; else the most polls before giving up, which writes -1 into *mark so
+    the host can tell (Config.spin_limit)."""
     pending = 1
     if SPIN == 0:
         while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
-            seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
-            pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+            seen = tl.atomic_add(slots, 0, mask=live, sem="acquire", scope="sys")
+            pending = tl.sum((live & (seen < target)).to(tl.int32), axis=0)
     else:
         polls = 0
         while pending > 0:
-            seen = tl.atomic_add(row + peers, 0, mask=live, sem="acquire", scope="sys")
-            pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+            seen = tl.atomic_add(slots, 0, mask=live, sem="acquire", scope="sys")
+            pending = tl.sum((live & (seen < target)).to(tl.int32), axis=0)
             polls += 1
             if polls >= SPIN:
                 if pending > 0:
-                    tl.store(row + rank, -1)
+                    tl.store(mark, -1)
                 pending = 0
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -67,7 +74,8 @@ def _combine(acc, x, OP: tl.constexpr):
 def _reduce_ranks(base, o, mask, heap_bases, mine, WORLD: tl.constexpr, VEC: tl.constexpr, OP: tl.constexpr,
                   IS_FLOAT: tl.constexpr):
     """base[o] of every rank combined by OP ("sum", "max", "min"), in rank order so that every rank gets
-    the same bits; floats in fp32. base: valid in this rank's view (heap base mine); VEC: elements per
+    the same bits; floats in fp32. base: valid in this rank's view (heap base mine); heap_bases: the
+    WORLD ranks' bases, in the order to combine (a group's members for group_kernel); VEC: elements per
     16 bytes. Peer pointers are computed inline: the interpreter pays for every nested jit call."""
     acc = tl.load(base + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
     if IS_FLOAT:

@@ -1,0 +1,104 @@
+"""The kernel of the collectives over a subset of the ranks (group=). Ranks outside a group never make
+its calls, and heap allocation is collective over the whole job, so this kernel allocates nothing: it
+reads the peers' inp (a heap tensor) in place and synchronises through pairwise counters in iris's
+reserve (Iris._group_counters, zeroed once at context creation).
+
+counters[p][s] on rank r counts the signals program p of rank s sent to program p of r; seen[p][s]
+(this rank's device memory, not the heap) how many of them r has waited for, updated by the kernel
+itself so CUDA graph replays advance it too. Each call signals twice: "ready" (the kernel started,
+so inp is final by stream order) and "done" (finished reading the peers' inp, so a rank may
+overwrite its inp once the call returns). Every rank splits the work the same way and program p
+reads, and is read, over the same elements, so pairing by program is enough; programs of one launch
+never wait for each other (the interpreter runs them one after another). A pair's counters are
+shared by every group that holds both ranks: correct as long as both call their common groups'
+collectives in the same order (NCCL's rule).
+"""
+import triton
+import triton.language as tl
+
+from .kernels import _a2a_index, _await, _reduce_ranks
+
+
+@triton.jit
+def _meet(row, peer, delta, live, target, mark, rank, SPIN: tl.constexpr):
+    """Adds 1 to this rank's counter in `row` on every live peer (release, sys), then waits until each
+    peer's counter in this rank's `row` reaches target (acquire, sys). row: this program's counters,
+    one int64 per global rank; peer: the peers' global ranks; delta: their heap bases minus this
+    rank's, in int64 elements. The barriers order the whole program's accesses around the counters."""
+    tl.debug_barrier()
+    tl.atomic_add(row + rank + delta, tl.full(delta.shape, 1, tl.int64), mask=live, sem="release", scope="sys")
+    _await(row + peer, live, target, mark, SPIN)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _place(o, q, n, cols, MODE: tl.constexpr, GROUP: tl.constexpr):
+    """Where element o of the chunk that comes from group position q goes in out."""
+    if MODE == "ag":
+        return q * n + o
+    elif MODE == "a2a":
+        return _a2a_index(o, q, cols, GROUP)
+    return o
+
+
+@triton.jit
+def group_kernel(inp, out, scratch, members, counters, seen, n, per, cols, me, rank, src, world,
+                 GROUP: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
+                 IS_FLOAT: tl.constexpr, STAGED: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """MODE (as pull_kernel's) over the GROUP ranks of members (their global ranks, then their heap
+    bases; PEERS: a power of two >= GROUP), reading the peers' inp in place. me: this rank's position
+    in the group, rank its global rank, src broadcast's root position; n: elements per chunk, per:
+    elements of a chunk per program (a multiple of BLOCK); cols: columns per member for a2a; counters
+    and seen: (programs, world) int64. STAGED (out overlaps inp): results go to scratch, shaped as out,
+    and into out only after the "done" signal, when no peer reads this rank's inp any more. SPIN:
+    Config.spin_limit; giving up marks seen[p][rank] with -1 (a slot no peer uses)."""
+    VEC: tl.constexpr = 16 // (inp.dtype.element_ty.primitive_bitwidth // 8)
+    PLACES: tl.constexpr = GROUP if (MODE == "ag" or MODE == "a2a") else 1
+    pid = tl.program_id(0)
+    row = counters + pid * world
+    mark = seen + pid * world + rank
+    mine = tl.load(members + GROUP + me)
+    j = tl.arange(0, PEERS)
+    live = (j < GROUP) & (j != me)
+    peer = tl.load(members + j, mask=live, other=rank)
+    delta = (tl.load(members + GROUP + j, mask=live, other=mine) - mine) // 8
+    count = tl.load(seen + pid * world + peer, mask=live, other=0)
+    if STAGED:
+        dst = scratch
+    else:
+        dst = out
+    if MODE == "rs":
+        at = inp + me * n
+    else:
+        at = inp
+    lo = pid * per
+    hi = tl.minimum(lo + per, n)
+    ar = tl.arange(0, BLOCK)
+    _meet(row, peer, delta, live, count + 1, mark, rank, SPIN)
+    if MODE == "ar" or MODE == "rs":
+        for s in range(lo, hi, BLOCK):
+            o = s + ar
+            mask = o < n
+            acc = _reduce_ranks(at, o, mask, members + GROUP, mine, GROUP, VEC, OP, IS_FLOAT)
+            tl.store(dst + o, acc.to(out.dtype.element_ty), mask=mask)
+    else:
+        for q in tl.static_range(GROUP):
+            if MODE != "bc" or q == src:
+                frm = inp + tl.multiple_of((tl.load(members + GROUP + q) - mine) // (16 // VEC), VEC)
+                for s in range(lo, hi, BLOCK):
+                    o = s + ar
+                    mask = o < n
+                    if MODE == "a2a":
+                        x = tl.load(frm + _a2a_index(o, me, cols, GROUP), mask=mask)
+                    else:
+                        x = tl.load(frm + o, mask=mask)
+                    tl.store(dst + _place(o, q, n, cols, MODE, GROUP), x, mask=mask)
+    _meet(row, peer, delta, live, count + 2, mark, rank, SPIN)
+    tl.store(seen + pid * world + peer, count + 2, mask=live)
+    if STAGED:
+        for q in tl.static_range(PLACES):
+            for s in range(lo, hi, BLOCK):
+                o = s + ar
+                mask = o < n
+                i = _place(o, q, n, cols, MODE, GROUP)
+                tl.store(out + i, tl.load(scratch + i, mask=mask), mask=mask)
