@@ -211,8 +211,8 @@ class Iris:
         collective point instead (see collect)."""
         heap = self.heap
         if type(t) is torch.Tensor and not self._imported_at:  # the usual call: the factory's tensor itself
-            block = heap._at.get(t.data_ptr() - heap._base)
-            if block is not None and block.nbytes == t.nbytes != 0 and t.get_device() == heap._device_index:
+            block = heap._at.get(t.data_ptr() - heap._base)  # addresses are unique in a process: no device check
+            if block is not None and block.nbytes == t.nbytes != 0:
                 heap.free_block(block)
                 return
         block, offset = heap.block_of(heap_tensor(t, "free"))

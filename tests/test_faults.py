@@ -394,6 +394,9 @@ def test_collectives_and_ops_on_a_closed_context():
 
 def test_close_twice_is_fine_and_nothing_is_left(closed):
     closed[0].close()
+    if closed[0].device.type != "cpu":  # counts the host heap's memfd maps; GPUs: test_lifetime's gpu tests
+        closed[1] = None
+        pytest.skip("counts host memory maps; test_gpu_tensors_stay_valid_after_close covers GPUs")
     assert _iris_maps() > closed[2]  # x still covers its memory: mapped until it goes
     closed[1] = None
     assert _iris_maps() == closed[2]

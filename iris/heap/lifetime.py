@@ -25,9 +25,10 @@ class Block:
 
 
 class Owner:
-    """Lives as long as one tensor storage over a block; counts itself in and out."""
+    """Lives as long as one tensor storage over a block; counts itself in and out. On GPUs it also
+    carries the CUDA array interface its tensor was made from (views.carried_tensor_at)."""
 
-    __slots__ = ("heap", "block")
+    __slots__ = ("heap", "block", "__cuda_array_interface__")
 
     def __init__(self, heap, block: Block):
         self.heap, self.block = heap, block

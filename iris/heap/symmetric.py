@@ -36,7 +36,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
-        self._view = tensor_maker(device)
+        self._view = tensor_maker(device, carrier=True)  # Owner has the slot
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:

@@ -37,9 +37,21 @@ def tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner=N
     return tensor_maker(device)(ptr, shape, dtype, device, owner, nbytes)
 
 
-def tensor_maker(device: torch.device):
-    """tensor_at for device, chosen once."""
-    return host_tensor_at if device.type == "cpu" else device_tensor_at
+def tensor_maker(device: torch.device, carrier: bool = False):
+    """tensor_at for device, chosen once. carrier: owners will have a __cuda_array_interface__ slot
+    to carry the interface themselves (one object less per tensor on GPUs)."""
+    if device.type == "cpu":
+        return host_tensor_at
+    return carried_tensor_at if carrier else device_tensor_at
+
+
+def carried_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner, nbytes=None):
+    """device_tensor_at where owner itself carries the interface (it must have the slot)."""
+    typestr = _TYPESTR.get(dtype)
+    owner.__cuda_array_interface__ = {"data": (ptr, False), "shape": tuple(shape),
+                                      "typestr": typestr or _UINT[dtype.itemsize], "version": 2}
+    t = torch.as_tensor(owner, device=device)
+    return t if typestr else t.view(dtype)
 
 
 def device_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner=None, nbytes=None):
