@@ -22,6 +22,7 @@ from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
 
 ALIGN = 256
+_STRIDED, _CONTIGUOUS = torch.strided, torch.contiguous_format  # the factories' defaults, looked up once
 GROUP_PROGRAMS = 128  # most programs of a group collective: each has a counter per source rank in the reserve
 
 
@@ -278,9 +279,9 @@ class Iris:
         if (out is None and device is None and like is None and not requires_grad and not pin_memory
                 and (layout is torch.strided or layout is None)
                 and (memory_format is torch.contiguous_format or memory_format is None)):
-            plain = plain_request(size, torch.get_default_dtype() if dtype is None else dtype)
+            plain = plain_request(size, dtype)
             if plain is not None:  # the usual call, checked in full: one allocation, one view
-                t = self.heap.new_tensor(plain[0], torch.get_default_dtype() if dtype is None else dtype, plain[1])
+                t = self.heap.new_tensor(*plain)
                 if fill is not None:
                     with torch.no_grad():
                         fill(t)
@@ -294,15 +295,13 @@ class Iris:
             t = restride(t, memory_format, like)
         return t.requires_grad_(requires_grad) if requires_grad else t
 
-    def empty(self, *size, out=None, dtype=None, layout=torch.strided, device=None, requires_grad=False,
-              pin_memory=False, memory_format=torch.contiguous_format) -> torch.Tensor:
-        if (out is None and device is None and not requires_grad and not pin_memory and layout is torch.strided
-                and memory_format is torch.contiguous_format):  # the usual call: _factory's short path, inlined
-            if dtype is None:
-                dtype = torch.get_default_dtype()
+    def empty(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False,
+              pin_memory=False, memory_format=_CONTIGUOUS) -> torch.Tensor:
+        if (out is None and device is None and layout is _STRIDED and memory_format is _CONTIGUOUS
+                and not requires_grad and not pin_memory):  # the usual call: _factory's short path, inlined
             plain = plain_request(size, dtype)
             if plain is not None:
-                return self.heap.new_tensor(plain[0], dtype, plain[1])
+                return self.heap.new_tensor(*plain)
         return self._factory(size, dtype, device, out, requires_grad, None, layout, pin_memory, memory_format)
 
     def zeros(self, *size, out=None, dtype=None, layout=torch.strided, device=None,

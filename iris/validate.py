@@ -60,11 +60,13 @@ def request(size, dtype, requires_grad, shape_of):
 
 
 def plain_request(size, dtype):
-    """(shape, nbytes) of the usual factory call, or None where request must look closer: size is
-    ints (or one int), dtype a torch.dtype seen valid before, and the byte count fits. A shape
-    returned here is one that request would return, as a tuple."""
+    """(shape, dtype, nbytes) of the usual factory call, or None where request must look closer:
+    size is ints (or one int), dtype None or a torch.dtype seen valid before, and the byte count
+    fits. A shape returned here is one that request would return, as a tuple."""
     if type(size) is not tuple:
         size = (size,)
+    if dtype is None:
+        dtype = torch.get_default_dtype()
     n = _CHECKED.get(dtype) if type(dtype) is torch.dtype else None
     if n is None:
         return None
@@ -72,7 +74,7 @@ def plain_request(size, dtype):
         if type(s) is not int or not 0 <= s < 1 << 63:
             return None
         n *= s
-    return (size, n) if n <= MAX_BYTES else None
+    return (size, dtype, n) if n <= MAX_BYTES else None
 
 
 def heap_tensor(t, call: str) -> torch.Tensor:

@@ -20,12 +20,13 @@ class TorchAllocator:
             block.share_memory_()  # the host driver shares it by fd
         self.block, self.base, self.size = block, block.data_ptr(), heap_size
         self.offsets = CachingOffsets(heap_size)
+        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
         self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
 
     committed = property(lambda self: self.size)
 
     def allocate(self, nbytes: int, align: int, may_grow=None):
-        offset = self.offsets.allocate(nbytes, align)
+        offset = self._policy(nbytes, align)
         if offset is None:
             raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.capacity,
                                   f"The largest free block is {self.offsets.largest_free()} bytes. Free tensors with "

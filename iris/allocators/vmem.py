@@ -44,6 +44,7 @@ class VMemAllocator:
         self.size = round_up(heap_size, self.chunk)
         self.base = driver.reserve(self.size)
         self.offsets = CachingOffsets(self.size)
+        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
         self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
         self._segs: Dict[int, Segment] = {}   # offset -> segment
         self._seg_starts = SortedInts()       # their offsets, for lookups by bisection
@@ -58,7 +59,7 @@ class VMemAllocator:
     def allocate(self, nbytes: int, align: int, may_grow=_always) -> Tuple[Optional[int], Sequence[Segment]]:
         """The offset, and the segments created for it (the heap shares those with peers); (None, ())
         when the request would need new segments and may_grow() says no (asked only then)."""
-        offset = self.offsets.allocate(nbytes, align)
+        offset = self._policy(nbytes, align)
         if offset is None:
             raise HeapOutOfMemory(nbytes, self.offsets.free_bytes, self.capacity,
                                   f"The largest free block is {self.offsets.largest_free()} bytes. "

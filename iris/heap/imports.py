@@ -11,7 +11,7 @@ from ..allocators.offsets import round_up
 from ..distributed.background import BackgroundExchanges
 from ..distributed.group import close_fds
 from ..errors import IrisError, SymmetryError
-from .lifetime import Block
+from .lifetime import ImportBlock
 from .peers import _runs
 
 
@@ -148,7 +148,7 @@ class Imports:
         try:
             layout = self._layout(runs, pages)
             got = self.group.allgather((runs, metas, layout, self.symmetry.token(call), self._queue()), "as_symmetric")
-            self.stats["exchanges"] += 1
+            self._stats["exchanges"] += 1
             clock.lap("plan exchange")
             self._release_agreed([o[4] for o in got])
             self.symmetry.compare([o[3] for o in got], self.rank, call)
@@ -161,7 +161,7 @@ class Imports:
             wanted = [self._wanted(everyone[q], sizes[q], plan) for q in range(self.world)]
             step = self.IMPORT_STEP
             steps = -(-max(map(len, wanted)) // step) if self.peers else 0
-            self.stats["exchanges"] += steps
+            self._stats["exchanges"] += steps
             clock.lap("plan")
             with BackgroundExchanges(self.group, steps, "as_symmetric pages") as stream:
                 try:
@@ -187,8 +187,7 @@ class Imports:
                             offsets[i] = off
                             self._adopted.setdefault(off, [region, 0])[1] += 1
                             if off not in self._import_blocks:
-                                self._import_blocks[off] = block = Block(off, ranges[i][1], -1, gc=False,
-                                                                         region=region)
+                                self._import_blocks[off] = block = ImportBlock(off, ranges[i][1], region)
                                 region.blocks.append(block)
                         for p in self.peers:
                             ptr, base, _ = everyone[p][group[0]]
@@ -224,9 +223,9 @@ class Imports:
                 closer.join()
             close_fds(fd for p in received for fd in received[p].values())
             clock.lap("close fds")
-            self.stats["as_symmetric_ms"] = clock.laps
+            self._stats["as_symmetric_ms"] = clock.laps
         if adopted:
-            self.stats["growths"] += 1
+            self._stats["growths"] += 1
         self.symmetry.record(call)
         return offsets
 

@@ -17,11 +17,21 @@ from typing import Dict, List
 class Block:
     """One allocation, from allocate to its release."""
 
-    __slots__ = ("offset", "nbytes", "serial", "tensors", "freed", "gc", "region")
+    __slots__ = ("offset", "nbytes", "serial", "tensors", "freed")
+    gc, region = True, None  # garbage collection frees it; not imported memory (see ImportBlock)
 
-    def __init__(self, offset: int, nbytes: int, serial: int, gc: bool = True, region=None):
-        self.offset, self.nbytes, self.serial, self.gc, self.region = offset, nbytes, serial, gc, region
-        self.tensors, self.freed = 0, False
+    def __init__(self, offset: int, nbytes: int, serial: int):
+        self.offset, self.nbytes, self.serial, self.tensors, self.freed = offset, nbytes, serial, 0, False
+
+
+class ImportBlock(Block):
+    """An imported tensor's block (as_symmetric): only ctx.free gives it back, with its region."""
+
+    __slots__ = ("gc", "region")
+
+    def __init__(self, offset: int, nbytes: int, region):
+        super().__init__(offset, nbytes, -1)
+        self.gc, self.region = False, region
 
 
 class Owner:
@@ -83,7 +93,7 @@ class Lifetimes:
                 self._release_region(block)
             else:
                 self._forget(block)
-        self.stats["collected"] += len(common)
+        self._stats["collected"] += len(common)
         return released
 
     def _forget(self, block: Block) -> None:

@@ -32,10 +32,10 @@ class PeerMaps:
         if runs[0] is not None:
             ptr, start, _ = runs[0]
             parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
-            self.stats["peers_opened_by"] = "vmm handles"
+            self._stats["peers_opened_by"] = "vmm handles"
             return self._map_peer_blocks(parts, ptr - start, undo)
         self._release_pages(pages)
-        self.stats["peers_opened_by"] = "ipc"
+        self._stats["peers_opened_by"] = "ipc"
         mine = self.driver.ipc_export(self.alloc.base, self.size)
         own_fds = [mine.fd] if mine.fd is not None else []
         try:
@@ -90,7 +90,7 @@ class PeerMaps:
                                             "heap growth")
         finally:
             close_fds(own)
-        self.stats["exchanges"] += 1
+        self._stats["exchanges"] += 1
         received = [fd for p in self.peers for fd in fds[p]]
         try:
             self._release_agreed([o[3] for o in objs])
@@ -127,7 +127,7 @@ class PeerMaps:
             except BaseException:
                 self._unimport(imported)
                 raise
-            self.stats["growths"] += 1
+            self._stats["growths"] += 1
         finally:
             close_fds(received)
 

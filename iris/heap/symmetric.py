@@ -16,6 +16,16 @@ from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import tensor_at, tensor_maker
 
+def _not_capturing() -> bool:
+    """Whether new memory may be mapped now: not during CUDA graph capture. The allocator asks only
+    when a request needs new segments, so the usual allocation skips the query."""
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _always() -> bool:
+    return True
+
+
 class SymmetricHeap(PeerMaps, Imports, Lifetimes):
     """Every rank's heap at one layout, each peer's mapped here. Creating it is collective."""
 
@@ -24,11 +34,12 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self.rank, self.world, self.size = group.rank, group.world, allocator.size
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
-        self._record, self._check_each = self.symmetry.note, self.symmetry.mode == "full"
+        self._record, self._guarded = self.symmetry.note, self.symmetry.mode == "full"
         self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [its Region, imports there]
         self._regions: Dict[int, Region] = {}  # offset of a region of imported memory -> it
         self._import_blocks: Dict[int, Block] = {}  # offset of an imported tensor -> its block
-        self.stats = {"allocations": 0, "frees": 0, "growths": 0, "exchanges": 0, "trims": 0, "collected": 0}
+        self._stats = {"growths": 0, "exchanges": 0, "trims": 0, "collected": 0}  # stats adds the two hot counts
+        self._frees = 0
         self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
         self._import_starts = {p: SortedInts() for p in self.peers}  # the same offsets, for range lookups
         self._peer_va: Dict[int, int] = {}
@@ -36,6 +47,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
+        self._may_grow = _not_capturing if self._capturable else _always  # no bound method per call
         self._view = tensor_maker(device, carrier=True)  # Owner has the slot
         with ExitStack() as undo:
             if allocator.vmm:
@@ -59,9 +71,9 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         growth is a driver call and an exchange with peers, which capture forbids."""
         if nbytes is None:
             nbytes = math.prod(shape) * dtype.itemsize
-        if self.closed:
-            raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
-        if self._check_each:
+        if self._guarded:  # closed, or IRIS_CHECK_SYMMETRY=full: one test on the usual path
+            if self.closed:
+                raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
             self.check_symmetry(f"allocate({nbytes}, 256)")
         size = ((nbytes or 1) + 255) & -256
         try:
@@ -81,17 +93,11 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         if new:
             self._grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
         self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
-        self.stats["allocations"] += 1
         self._serial = serial = self._serial + 1
         if not serial & 1023:
             self.symmetry.bound()
         self._at[offset] = block = Block(offset, nbytes, serial)
         return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
-
-    def _may_grow(self) -> bool:
-        """Whether new memory may be mapped now: not during CUDA graph capture. The allocator asks
-        only when a request needs new segments, so the usual allocation skips the query."""
-        return not (self._capturable and torch.cuda.is_current_stream_capturing())
 
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse. Collective: all ranks, same order."""
@@ -103,15 +109,20 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                              "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
         self._free_import(offset)  # an imported tensor: its region goes once no tensor covers it
         self._record(~offset)
-        self.stats["frees"] += 1
+        self._frees += 1
         return 0
 
     def free_block(self, block: Block) -> int:
         """free() of a live block made by allocate."""
         self._forget(block)
         self._record(~block.offset)  # the digest's record of free(offset)
-        self.stats["frees"] += 1
+        self._frees += 1
         return block.nbytes
+
+    @property
+    def stats(self) -> dict:
+        """Counts of what the heap did (allocations, frees, growths, exchanges, trims, collected, ...)."""
+        return {"allocations": self._serial, "frees": self._frees, **self._stats}
 
     def check_symmetry(self, pending: str = "", what: str = "barrier") -> None:
         """Compare every rank's call digest and release agreed garbage; doubles as a barrier.
@@ -138,7 +149,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         for s in segments:
             self._drop_peer_range(s.offset, s.offset + s.size)
         self.alloc.release(segments)
-        self.stats["trims"] += 1
+        self._stats["trims"] += 1
         return sum(s.size for s in segments)
 
     def _pinned_segments(self, desc):
@@ -198,7 +209,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         still alive, when the last of them goes. Idempotent. Collective when peers are alive."""
         if self.closed:
             return
-        self.closed = True
+        self.closed = self._guarded = True
         self._queued.clear()
         diverged, reported = None, self.symmetry.reported
         try:

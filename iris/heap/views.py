@@ -48,7 +48,7 @@ def tensor_maker(device: torch.device, carrier: bool = False):
 def carried_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner, nbytes=None):
     """device_tensor_at where owner itself carries the interface (it must have the slot)."""
     typestr = _TYPESTR.get(dtype)
-    owner.__cuda_array_interface__ = {"data": (ptr, False), "shape": tuple(shape),
+    owner.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape if type(shape) is tuple else tuple(shape),
                                       "typestr": typestr or _UINT[dtype.itemsize], "version": 2}
     t = torch.as_tensor(owner, device=device)
     return t if typestr else t.view(dtype)
