@@ -351,6 +351,8 @@ def rank_streamed(out_dir):
     ctx.close()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts pages: on the host each small tensor is its own page; "
+                    "a GPU's expandable segments pack all nine into one, so the step and death counts do not apply")
 def test_pages_stream_in_steps_and_failures_name_the_rank(tmp_path):
     import json
     with pytest.raises(RuntimeError, match="rank 2 failed: exited with code 9"):
