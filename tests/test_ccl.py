@@ -312,8 +312,8 @@ def rank_gpu(reps, replays):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_collectives_gpu(world):
-    if world > torch.cuda.device_count():  # ranks sharing a GPU time-slice: spinning kernels crawl
-        pytest.skip(f"needs {world} GPUs (a rank per GPU)")
+    if world > max(2, torch.cuda.device_count()):  # more ranks than GPUs time-slice spinning kernels
+        pytest.skip(f"needs {world} GPUs (a rank per GPU; 2 ranks share one GPU fine: 20 s on one H200)")
     out = iris.spawn(rank_gpu, world, args=(int(os.environ.get("IRIS_CCL_REPS", 3000)), 200))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of {world}: {bad[:10]}"
