@@ -489,7 +489,7 @@ class Iris:
             if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
             self._imported, self._imported_at = {}, {}
-            for own in ("_internal", "_barrier_flags", "_group_counters"):  # the context's own tensors must not hold the memory
+            for own in ("_internal", "_barrier_flags", "_group_counters"):  # the context's tensors must not hold it
                 self.__dict__.pop(own, None)
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
                 if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises

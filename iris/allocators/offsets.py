@@ -143,10 +143,10 @@ class Offsets:
 class CachingOffsets(Offsets):
     """Offsets with torch's caching habit in front: a freed block is kept whole under its exact size,
     and the next request of that size takes the lowest such block (a heap per size: O(log k) in C,
-    and the heap still fills from the bottom). A request of a size with
-    nothing cached first gives every cached block back to the policy (so it coalesces, and no
-    request takes fresh space while freed memory sits in the cache); so does every query of free
-    space (trim's among them). Deterministic: the cache follows from the calls alone."""
+    and the heap still fills from the bottom). A request of a size with nothing cached first gives
+    every cached block back to the policy (so it coalesces, and no request takes fresh space while
+    freed memory sits in the cache); so does every query of free space (trim's among them).
+    Deterministic: the cache follows from the calls alone."""
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
