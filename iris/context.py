@@ -211,9 +211,9 @@ class Iris:
         freeing a block twice raises. Tensors that are simply dropped are freed at the next
         collective point instead (see collect)."""
         heap = self.heap
-        if type(t) is torch.Tensor and not self._imported_at:  # the usual call: the factory's tensor itself
+        if type(t) is torch.Tensor:  # the usual call: the factory's tensor itself, not a copied import
             block = heap._at.get(t.data_ptr() - heap._base)  # addresses are unique in a process: no device check
-            if block is not None and block.nbytes == t.nbytes != 0:
+            if block is not None and block.nbytes == t.nbytes != 0 and block.offset not in self._imported_at:
                 heap.free_block(block)
                 return
         block, offset = heap.block_of(heap_tensor(t, "free"))

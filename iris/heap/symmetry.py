@@ -7,8 +7,8 @@ divergent request is refused before any rank acts on it.
 from __future__ import annotations
 
 import hashlib
-from array import array
 import os
+from array import array
 
 from ..errors import SymmetryError
 
@@ -64,7 +64,7 @@ class SymmetryCheck:
             self._flush()
 
     def _flush(self) -> None:
-        # one repr per batch; batches end at the same call on every rank that made the same calls
+        # one hash update per batch; batches end at the same call on every rank that made the same calls
         if len(self.since) < self.WINDOW:  # the window fills here, off the allocation path
             self.since += self._unhashed[:self.WINDOW - len(self.since)]
         try:
