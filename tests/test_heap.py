@@ -210,3 +210,11 @@ def test_factories_behave_like_torch(allocator):
         with pytest.raises(ValueError, match="leave it out"):
             ctx.zeros(4, device="meta")
         assert d.type in ("cpu", "cuda")
+        # the usual call's answers are kept per (size, dtype); the default dtype is looked up anew
+        try:
+            for default in (torch.float64, torch.float32):
+                torch.set_default_dtype(default)
+                assert ctx.empty(3).dtype == default and ctx.empty(3, dtype=torch.int16).dtype == torch.int16
+        finally:
+            torch.set_default_dtype(torch.float32)
+        assert ctx.empty(2, 3).shape == (2, 3) and ctx.empty((2, 3)).shape == (2, 3) == ctx.empty([2, 3]).shape

@@ -200,3 +200,28 @@ def test_gpu_exhaustion_raises_and_heap_survives():
     (n0, e0, ok0), (n1, e1, ok1) = out
     assert n0 == n1, "ranks disagreed on when memory ran out"
     assert e0 and e1 and "committed" in (e0 + e1) and ok0 and ok1, out
+
+
+def test_reuse_hands_out_only_backed_memory():
+    """The same-size cache (reuse) skips the backing check, so a block whose memory may be gone
+    must never enter it: a request refused during capture, undone growth, an unmapped region."""
+    from iris.allocators.vmem import VMemAllocator
+    from iris.platform.host import HostDriver
+    a = VMemAllocator(HostDriver(), 64 << 20)
+    try:
+        chunk = a.chunk
+        assert a.allocate(chunk, 256, lambda: False) == (None, ()), "growth was not asked, or not refused"
+        assert a.reuse(chunk) is None, "a block refused for want of growth was cached"
+        off, new = a.allocate(chunk, 256)
+        assert new and a.reuse(chunk) is None
+        a.undo(off, new)  # a peer could not grow: the segment is unmapped
+        assert a.reuse(chunk) is None and not a.segments, "an undone block was cached"
+        off, new = a.allocate(chunk, 256)
+        a.free(off)  # the usual free: the memory stays backed, so the block is cached
+        assert a.reuse(chunk) == off and a.segments
+        a.free(off)
+        assert a.trimmable() == a.segments, "trim did not see the cached block's segment as free"
+        a.release(a.trimmable())
+        assert a.reuse(chunk) is None, "a block in a released segment stayed cached"
+    finally:
+        a.close()

@@ -155,12 +155,22 @@ class CachingOffsets(Offsets):
     def allocate(self, size: int, align: int = 1, top: bool = False) -> Optional[int]:
         cached = self._cache.get(size)
         if cached and not top and not cached[0] & (align - 1) and align > 0 and not align & (align - 1):
-            at = heappop(cached)
-            self.live[at] = size
-            self.free_bytes -= size
-            return at
+            return self.reuse(size)
         self.flush()
         return super().allocate(size, align, top)
+
+    def reuse(self, size: int) -> Optional[int]:
+        """The lowest cached block of exactly size bytes, taken, or None: the allocation fast path of a
+        caller whose requests share one alignment (a cached block starts where such a request did)."""
+        cached = self._cache.get(size)
+        if not cached:
+            return None
+        at = heappop(cached)
+        self.live[at] = size
+        self.free_bytes -= size
+        return at
+
+    free_now = Offsets.free  # free and coalesce at once: for memory that may not stay backed (undone growth)
 
     def free(self, offset: int) -> int:
         size = self.live.pop(offset, None)

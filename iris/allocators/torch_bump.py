@@ -22,6 +22,7 @@ class TorchAllocator:
         self.offsets = CachingOffsets(heap_size)
         self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
         self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed, backed block of that size, or None
 
     committed = property(lambda self: self.size)
 
@@ -34,7 +35,7 @@ class TorchAllocator:
         return offset, ()
 
     def undo(self, offset: int, new) -> None:
-        self.offsets.free(offset)
+        self.offsets.free_now(offset)
 
 
     def trimmable(self):

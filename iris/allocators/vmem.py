@@ -46,6 +46,7 @@ class VMemAllocator:
         self.offsets = CachingOffsets(self.size)
         self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
         self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed, backed block of that size, or None
         self._segs: Dict[int, Segment] = {}   # offset -> segment
         self._seg_starts = SortedInts()       # their offsets, for lookups by bisection
         self.committed = 0
@@ -72,7 +73,7 @@ class VMemAllocator:
         if not holes:
             return offset, ()
         if not may_grow():
-            self.offsets.free(offset)
+            self.offsets.free_now(offset)
             return None, ()
         new: List[Segment] = []
         try:
@@ -93,8 +94,9 @@ class VMemAllocator:
         return offset, new
 
     def undo(self, offset: int, new: List[Segment]) -> None:
-        """Take back an allocation and the segments made for it (a peer could not grow)."""
-        self.offsets.free(offset)
+        """Take back an allocation and the segments made for it (a peer could not grow, or an import's
+        region is unmapped). Its block is not cached: reuse() hands out only backed memory."""
+        self.offsets.free_now(offset)
         self.release(new)
 
     def _holes(self, start: int, end: int) -> List[Tuple[int, int]]:
@@ -139,12 +141,12 @@ class VMemAllocator:
         region = self.offsets.allocate(span, self.chunk, top=True)
         if region is None or self._holes(region, region + span) != [(region, region + span)]:  # segments it would hit
             if region is not None:
-                self.offsets.free(region)
+                self.offsets.free_now(region)
             raise HeapOutOfMemory(span, self.offsets.free_bytes, self.capacity,
                                   "No unbacked region is left to map the tensor into; trim or enlarge the heap.")
         segments = []
         with ExitStack() as undo:
-            undo.callback(self.offsets.free, region)
+            undo.callback(self.offsets.free_now, region)
             for rel, size, handle in parts:
                 self.driver.map(self.base + region + rel, size, handle)
                 undo.callback(self.driver.unmap, self.base + region + rel, size)

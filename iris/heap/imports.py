@@ -313,8 +313,7 @@ class Imports:
         """Unmap an agreed region everywhere, hand its handles back, and give its offsets to the policy."""
         del self._regions[region.offset]
         self._drop_peer_range(region.offset, region.offset + region.nbytes)
-        self.alloc.release(self.alloc.segments_in(region.offset, region.nbytes))
-        self.alloc.free(region.offset)
+        self.alloc.undo(region.offset, self.alloc.segments_in(region.offset, region.nbytes))
 
     def is_adopted(self, offset: int) -> bool:
         """Whether offset holds a tensor that as_symmetric mapped without copying."""

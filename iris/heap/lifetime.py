@@ -92,18 +92,24 @@ class Lifetimes:
             if serial < 0:
                 self._release_region(block)
             else:
-                self._forget(block)
+                self.free_block(block)
         self._stats["collected"] += len(common)
         return released
 
-    def _forget(self, block: Block) -> None:
-        """Give a block's offset back to the policy (freed explicitly or agreed garbage)."""
-        del self._at[block.offset]
+    def free_block(self, block: Block) -> int:
+        """Give a live block made by allocate back to the policy (freed explicitly or agreed garbage);
+        returns its size. Collective: all ranks, same order."""
+        offset = block.offset
+        del self._at[offset]
         block.freed = True
-        self._queued.pop(block.serial, None)
-        if block.tensors:
+        if block.tensors:  # freed while referenced (queued blocks have none)
             self._pinned[block.serial] = block
-        self.alloc.free(block.offset)
+        else:
+            self._queued.pop(block.serial, None)
+        self._release(offset)
+        self._record(~offset)  # the symmetry digest's record of free(offset)
+        self._frees += 1
+        return block.nbytes
 
     def collect(self, what: str = "collect") -> int:
         """Release blocks whose last tensor died on every rank; returns bytes released.

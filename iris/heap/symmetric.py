@@ -49,6 +49,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
         self._may_grow = _not_capturing if self._capturable else _always  # no bound method per call
         self._view = tensor_maker(device, carrier=True)  # Owner has the slot
+        self._reuse, self._release = allocator.reuse, allocator.free  # bound once: the usual path's calls
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:
@@ -67,8 +68,9 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         allocation, one view. Collective: all ranks, same order, same sizes.
 
         Blocks are whole multiples of 256 bytes, so every free block starts aligned and the policy's
-        first candidate always fits. Inside CUDA graph capture only backed memory can be used:
-        growth is a driver call and an exchange with peers, which capture forbids."""
+        first candidate always fits. The usual request takes a freed block of its exact size, which
+        is backed memory on every rank: no driver call and no exchange, so it also works inside
+        CUDA graph capture."""
         if nbytes is None:
             nbytes = math.prod(shape) * dtype.itemsize
         if self._guarded:  # closed, or IRIS_CHECK_SYMMETRY=full: one test on the usual path
@@ -76,6 +78,20 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                 raise ValueError("the heap is closed (ctx.close() was called); create a new context to allocate")
             self.check_symmetry(f"allocate({nbytes}, 256)")
         size = ((nbytes or 1) + 255) & -256
+        offset = self._reuse(size)
+        if offset is None:
+            offset = self._allocate(nbytes, size)
+        self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
+        self._serial = serial = self._serial + 1
+        if not serial & 1023:
+            self.symmetry.bound()
+        self._at[offset] = block = Block(offset, nbytes, serial)
+        return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
+
+    def _allocate(self, nbytes: int, size: int) -> int:
+        """new_tensor's offset when no freed block of the size is cached: the policy, growing the heap
+        if needed (never during CUDA graph capture: growth maps memory and exchanges it with peers),
+        and garbage collection when the heap is full."""
         try:
             offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
@@ -92,12 +108,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                                "free one tensor as large as everything the graph allocates.")
         if new:
             self._grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
-        self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
-        self._serial = serial = self._serial + 1
-        if not serial & 1023:
-            self.symmetry.bound()
-        self._at[offset] = block = Block(offset, nbytes, serial)
-        return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
+        return offset
 
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse. Collective: all ranks, same order."""
@@ -112,16 +123,11 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._frees += 1
         return 0
 
-    def free_block(self, block: Block) -> int:
-        """free() of a live block made by allocate."""
-        self._forget(block)
-        self._record(~block.offset)  # the digest's record of free(offset)
-        self._frees += 1
-        return block.nbytes
 
     @property
     def stats(self) -> dict:
-        """Counts of what the heap did (allocations, frees, growths, exchanges, trims, collected, ...)."""
+        """Counts of what the heap did (allocations, frees, growths, exchanges, trims, ...; frees include
+        the blocks collected as agreed garbage)."""
         return {"allocations": self._serial, "frees": self._frees, **self._stats}
 
     def check_symmetry(self, pending: str = "", what: str = "barrier") -> None:
