@@ -368,6 +368,10 @@ def rank_gpu_capture(allocator):
     ctx = iris.iris(heap_size=1 << 34, allocator=allocator)
     warm = ctx.empty(64 << 20, dtype=torch.uint8)  # backs the memory the captured allocations use
     ctx.free(warm)
+    spare = ctx.empty(1 << 20, dtype=torch.float32)  # a freed block of y's size: y takes it from the cache
+    spare_at = ctx.heap.offset_of(spare)
+    ctx.free(spare)
+    del spare
     src = torch.arange(1 << 20, device=ctx.get_device(), dtype=torch.float32)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -382,11 +386,12 @@ def rank_gpu_capture(allocator):
         y.copy_(src * 2)
         z.add_(y)
     assert ctx.heap.stats["exchanges"] == exchanges
+    reused = ctx.heap.offset_of(y) == spare_at
     y.fill_(-1.0)  # poison; replay must overwrite it
     z.fill_(-1.0)
     g.replay()
     torch.cuda.synchronize()
-    ok = torch.equal(y, src * 2) and torch.equal(z, src * 2)
+    ok = torch.equal(y, src * 2) and torch.equal(z, src * 2) and reused
     error = ""
     if allocator == "vmem":
         g2 = torch.cuda.CUDAGraph()
@@ -403,6 +408,6 @@ def rank_gpu_capture(allocator):
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_gpu_allocation_inside_graph_capture(allocator):
     for ok, error in iris.spawn(rank_gpu_capture, 2, args=(allocator,)):
-        assert ok, "captured allocations did not replay correctly"
+        assert ok, "captured allocations did not replay correctly, or did not reuse the freed block"
         if allocator == "vmem":
             assert "capture" in error and "before capture" in error, error
