@@ -200,11 +200,11 @@ def check_group(ctx):
     dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world)
     everyone, first = dist.new_group(list(range(ctx.world))), dist.new_group([0])
     bad = []
-    x = torch.full((5,), ctx.rank + 1.0)
+    x = torch.full((5,), ctx.rank + 1.0, device=ctx.get_device())  # a plain tensor, on the heap's device
     for group in (everyone, list(range(ctx.world))):
         x.fill_(ctx.rank + 1.0)
         ctx.ccl.all_reduce(x, x, group=group)
-        if not _same(x, torch.full((5,), ctx.world * (ctx.world + 1) / 2)):
+        if not _same(x, torch.full((5,), ctx.world * (ctx.world + 1) / 2, device=x.device)):
             bad.append(("group of all", x.tolist()))
     words = "ctx.as_symmetric" if ctx.rank == 0 else "not in group"
     try:
