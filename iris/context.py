@@ -19,7 +19,7 @@ from .host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .heap import SymmetricHeap
 from .platform import get_driver
-from .validate import PLAIN, ClosedHeap, heap_tensor, plain_request, request
+from .validate import ClosedHeap, heap_tensor, plain_request, request
 
 ALIGN = 256
 _STRIDED, _CONTIGUOUS = torch.strided, torch.contiguous_format  # the factories' defaults, looked up once
@@ -299,10 +299,7 @@ class Iris:
               pin_memory=False, memory_format=_CONTIGUOUS) -> torch.Tensor:
         if (out is None and device is None and layout is _STRIDED and memory_format is _CONTIGUOUS
                 and not requires_grad and not pin_memory):  # the usual call: _factory's short path, inlined
-            try:
-                plain = PLAIN.get((size, dtype)) or plain_request(size, dtype)
-            except TypeError:  # a size that is not hashable (a list): the general path
-                plain = None
+            plain = plain_request(size, dtype)
             if plain is not None:
                 return self.heap.new_tensor(*plain)
         return self._factory(size, dtype, device, out, requires_grad, None, layout, pin_memory, memory_format)

@@ -59,20 +59,14 @@ def request(size, dtype, requires_grad, shape_of):
     return shape, dtype
 
 
-PLAIN = {}  # (size, dtype) -> plain_request's answer, for explicit dtypes: the usual call's one lookup
-
-
 def plain_request(size, dtype):
     """(shape, dtype, nbytes) of the usual factory call, or None where request must look closer:
     size is ints (or one int), dtype None or a torch.dtype seen valid before, and the byte count
-    fits. A shape returned here is one that request would return, as a tuple. Answers for an
-    explicit dtype are kept in PLAIN (a few thousand at most)."""
-    key = (size, dtype)
+    fits. A shape returned here is one that request would return, as a tuple."""
     if type(size) is not tuple:
         size = (size,)
     if dtype is None:
-        dtype = torch.get_default_dtype()  # may change between calls: not kept
-        key = None
+        dtype = torch.get_default_dtype()
     n = _CHECKED.get(dtype) if type(dtype) is torch.dtype else None
     if n is None:
         return None
@@ -80,11 +74,7 @@ def plain_request(size, dtype):
         if type(s) is not int or not 0 <= s < 1 << 63:
             return None
         n *= s
-    if n > MAX_BYTES:
-        return None
-    if key is not None and len(PLAIN) < 4096:
-        PLAIN[key] = size, dtype, n
-    return size, dtype, n
+    return (size, dtype, n) if n <= MAX_BYTES else None
 
 
 def heap_tensor(t, call: str) -> torch.Tensor:

@@ -123,7 +123,6 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._frees += 1
         return 0
 
-
     @property
     def stats(self) -> dict:
         """Counts of what the heap did (allocations, frees, growths, exchanges, trims, ...; frees include
