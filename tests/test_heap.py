@@ -210,7 +210,7 @@ def test_factories_behave_like_torch(allocator):
         with pytest.raises(ValueError, match="leave it out"):
             ctx.zeros(4, device="meta")
         assert d.type in ("cpu", "cuda")
-        # the usual call's answers are kept per (size, dtype); the default dtype is looked up anew
+        # the usual call takes the default dtype at each call, as torch does
         try:
             for default in (torch.float64, torch.float32):
                 torch.set_default_dtype(default)
