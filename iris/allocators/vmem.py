@@ -12,7 +12,8 @@ from .sorted_ints import SortedInts
 DEFAULT_CHUNK = 2 << 20
 
 
-def _always() -> bool:
+def always() -> bool:
+    """may_grow where growth is always allowed (no CUDA graph capture to ask about)."""
     return True
 
 
@@ -57,7 +58,7 @@ class VMemAllocator:
         """Every backed segment, in address order."""
         return [self._segs[o] for o in self._seg_starts]
 
-    def allocate(self, nbytes: int, align: int, may_grow=_always) -> Tuple[Optional[int], Sequence[Segment]]:
+    def allocate(self, nbytes: int, align: int, may_grow=always) -> Tuple[Optional[int], Sequence[Segment]]:
         """The offset, and the segments created for it (the heap shares those with peers); (None, ())
         when the request would need new segments and may_grow() says no (asked only then)."""
         offset = self._policy(nbytes, align)

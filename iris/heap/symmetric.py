@@ -9,6 +9,7 @@ import torch
 
 from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryError
 from ..allocators.sorted_ints import SortedInts
+from ..allocators.vmem import always
 from ..device.translate import bases_tensor
 from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
@@ -16,14 +17,11 @@ from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import tensor_at, tensor_maker
 
+
 def _not_capturing() -> bool:
     """Whether new memory may be mapped now: not during CUDA graph capture. The allocator asks only
     when a request needs new segments, so the usual allocation skips the query."""
     return not torch.cuda.is_current_stream_capturing()
-
-
-def _always() -> bool:
-    return True
 
 
 class SymmetricHeap(PeerMaps, Imports, Lifetimes):
@@ -47,7 +45,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
-        self._may_grow = _not_capturing if self._capturable else _always  # no bound method per call
+        self._may_grow = _not_capturing if self._capturable else always  # no bound method per call
         self._view = tensor_maker(device, carrier=True)  # Owner has the slot
         self._reuse, self._release = allocator.reuse, allocator.free  # bound once: the usual path's calls
         with ExitStack() as undo:

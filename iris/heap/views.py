@@ -22,12 +22,12 @@ _UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
 
 class _CudaArray:
-    """The smallest object torch.as_tensor accepts as a view of device memory, carrying an owner."""
+    """The smallest object torch.as_tensor accepts as a view of device memory, carrying an owner that
+    has no slot for the interface itself (carried_tensor_at fills it in)."""
 
     __slots__ = ("__cuda_array_interface__", "owner")
 
-    def __init__(self, ptr: int, shape, typestr: str, owner):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr, "version": 2}
+    def __init__(self, owner):
         self.owner = owner
 
 
@@ -55,12 +55,8 @@ def carried_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device,
 
 
 def device_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, owner=None, nbytes=None):
-    """tensor_at for device memory (nbytes is not needed: the interface carries the shape)."""
-    typestr = _TYPESTR.get(dtype)
-    if typestr is None:
-        t = torch.as_tensor(_CudaArray(ptr, tuple(shape), _UINT[dtype.itemsize], owner), device=device)
-        return t.view(dtype)
-    return torch.as_tensor(_CudaArray(ptr, tuple(shape), typestr, owner), device=device)
+    """tensor_at for device memory, for any owner (nbytes is not needed: the interface carries the shape)."""
+    return carried_tensor_at(ptr, shape, dtype, device, _CudaArray(owner))
 
 
 def host_tensor_at(ptr: int, shape, dtype: torch.dtype, device=None, owner=None, nbytes=None) -> torch.Tensor:
