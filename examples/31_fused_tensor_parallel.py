@@ -7,10 +7,10 @@ holds d x h/world columns of W1 and needs all tokens, so it runs all_gather_matm
 hidden behind the GEMM). Layer 2 is row-parallel: every rank holds the matching h/world rows of W2,
 so y = sum over ranks of gelu(.) @ W2_r, which is matmul_all_reduce. Checked against the same MLP on
 one device, then timed against the unfused version: all_gather, torch.matmul, torch.matmul,
-all_reduce, through torch.distributed (NCCL on GPUs, gloo on the host), or through iris's own ctx.ccl
-where ranks share a GPU (NCCL refuses two ranks on one device). ctx.ops picks each op's variant by shape (docs/collectives.md): on 2 GPUs
-the fused all_gather_matmul kernel, and for layer 2's 4096 rows the streamed matmul_all_reduce
-(cuBLAS by chunks, copy-engine transfers).
+all_reduce, through torch.distributed (NCCL on GPUs, gloo on the host), or through iris's own
+ctx.ccl where ranks share a GPU (NCCL refuses two ranks on one device). ctx.ops picks each op's
+variant by shape (docs/collectives.md): on 2 GPUs the fused all_gather_matmul kernel, and for
+layer 2's 4096 rows the streamed matmul_all_reduce (cuBLAS by chunks, copy-engine transfers).
 """
 import os
 import sys

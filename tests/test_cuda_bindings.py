@@ -184,7 +184,7 @@ def test_oldest_allowed_bindings(tmp_path):
     if pip.returncode != 0:
         tail = [line for line in pip.stderr.splitlines() if line.strip() and "WARNING" not in line][-2:]
         pytest.skip(f"pip cannot install cuda-bindings=={version} here: {' | '.join(tail)}")
-    code = ("import sys, cuda.bindings, test_cuda_bindings as t; v = cuda.bindings.__version__; "
+    code = ("import cuda.bindings, test_cuda_bindings as t; v = cuda.bindings.__version__; "
             f"assert t.release(v) == t.release({version!r}), (v, cuda.bindings.__file__); print(t.check_bindings())")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(ROOT / "tests"), str(ROOT)]))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

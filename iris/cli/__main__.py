@@ -8,7 +8,7 @@ import sys
 
 COMMANDS = {
     "info": ("iris.cli.info", "what iris would run on here (platform, devices, links, VMM, versions); --json"),
-    "bench": ("iris.cli.bench", "run the benchmarks in the source tree's benchmarks/ and compare iris with its references"),
+    "bench": ("iris.cli.bench", "run the source tree's benchmarks/ and compare iris with its references"),
     "run": ("iris.cli.run", "launch a script as N ranks: iris run -n 2 script.py [args...]"),
 }
 

@@ -9,7 +9,7 @@ from ..distributed.launch import launch
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m iris.run", description=__doc__)
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
-    parser.add_argument("--prefix", action="store_true", help="start each line of output with [rankN]: as torchrun does")
+    parser.add_argument("--prefix", action="store_true", help="start each output line with [rankN]: as torchrun does")
     parser.add_argument("script", help="Python script to run on every rank")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
