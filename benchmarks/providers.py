@@ -10,7 +10,8 @@ a CUDA graph of back-to-back calls (device time, not Python launch cost). With b
 ranks on one GPU a "remote" copy is a copy within one GPU's memory: the figures compare
 allocators, not links.
 
-python benchmarks/providers.py [--out PATH] [--quick]
+python benchmarks/providers.py [--out PATH] [--quick] [--allocators torch,vmem,nvshmem]
+    [--alloc-sizes 67108864,4096,...]   (allocation only, in that order, with the cost of the view alone)
 """
 from __future__ import annotations
 
@@ -78,10 +79,18 @@ def device_seconds(fn, reps: int) -> float:
     return best
 
 
-def alloc_costs(ctx, reps: int) -> dict:
+def alloc_costs(ctx, reps: int, sizes=ALLOC_SIZES) -> dict:
+    """Per size (a repeated size gets a '#k' suffix): ctx.empty + ctx.free, torch.empty + del, and
+    the view alone (a tensor made over the block's address, no allocation)."""
+    from iris.heap.views import tensor_at
     dev = ctx.get_device()
     out = {}
-    for n in ALLOC_SIZES:
+    for n in sizes:
+        key = str(n)
+        while key in out:
+            key += "#"
+        held = ctx.empty(n, dtype=torch.uint8)
+        address = held.data_ptr()
         def heap():
             ctx.free(ctx.empty(n, dtype=torch.uint8))
 
@@ -92,8 +101,10 @@ def alloc_costs(ctx, reps: int) -> dict:
         iris_us = per_call_us(heap, reps)
         ctx.barrier()
         torch_us = per_call_us(plain, reps)
-        out[str(n)] = {"ctx_empty_free_us": round(iris_us, 3), "torch_empty_del_us": round(torch_us, 3),
-                       "ratio": round(iris_us / torch_us, 2)}
+        view_us = per_call_us(lambda: tensor_at(address, (n,), torch.uint8, dev), reps)
+        ctx.free(held)
+        out[key] = {"ctx_empty_free_us": round(iris_us, 3), "torch_empty_del_us": round(torch_us, 3),
+                    "ratio": round(iris_us / torch_us, 2), "view_only_us": round(view_us, 3)}
     return out
 
 
@@ -172,20 +183,25 @@ def torch_symm_costs(port: int, reps: int) -> dict:
     return out
 
 
-def rank_main(quick: bool, port: int) -> dict:
+def rank_main(quick: bool, port: int, alloc_sizes=None, allocators=ALLOCATORS) -> dict:
     reps = 200 if quick else 2000
     sizes = SIZES[:4] if quick else SIZES
     reps_for = (lambda nbytes: 5) if quick else (lambda nbytes: max(10, min(200, (4 << 30) // nbytes)))
     res = {"allocators": {}}
-    for name in ALLOCATORS:
-        ctx = iris.iris(heap_size=(2 * max(sizes)) + (64 << 20) + (64 << 20), allocator=name)
+    for name in allocators:
+        ctx = iris.iris(heap_size=2 * max(sizes) + (128 << 20), allocator=name)  # whole 2 MiB chunks
         try:
+            if alloc_sizes:  # allocation only, sizes in the order given
+                res["allocators"][name] = {"alloc": alloc_costs(ctx, reps, alloc_sizes)}
+                continue
             res["allocators"][name] = {"alloc": alloc_costs(ctx, reps), "bandwidth": bandwidth(ctx, sizes, reps_for)}
         except Exception:
             res["allocators"][name] = {"error": traceback.format_exc()[-1500:]}
         finally:
             gc.collect()
             ctx.close()
+    if alloc_sizes:
+        return res
     try:
         res["nvshmem4py"] = nvshmem_costs(10 if quick else 50)
     except Exception:
@@ -213,13 +229,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="few sizes and repetitions: a smoke run")
+    ap.add_argument("--allocators", default=",".join(ALLOCATORS), help="comma-separated, of " + ", ".join(ALLOCATORS))
+    ap.add_argument("--alloc-sizes", default=None,
+                    help="comma-separated byte counts: time only ctx.empty + ctx.free, in this order")
     args = ap.parse_args()
+    alloc_sizes = [int(x) for x in args.alloc_sizes.split(",")] if args.alloc_sizes else None
+    allocators = tuple(args.allocators.split(","))
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    per_rank = iris.spawn(rank_main, 2, args=(args.quick, port), timeout=590)
+    per_rank = iris.spawn(rank_main, 2, args=(args.quick, port, alloc_sizes, allocators), timeout=590)
     r = per_rank[0]
+    if alloc_sizes:
+        path = write_result("providers", {"world_size": 2, "ranks_per_gpu": 2, "alloc_only": per_rank},
+                            args.out or os.path.join(RESULTS, "providers-alloc-gpu-2ranks.json"))
+        print(path)
+        for name in allocators:
+            print(name, [(k, v["ratio"], v["view_only_us"]) for r_ in per_rank for k, v in r_["allocators"][name]["alloc"].items()])
+        return
     for name in ALLOCATORS:  # the other rank's allocation figures, and its check of what it received
         r["allocators"][name]["rank1"] = per_rank[1]["allocators"][name]
     payload = {"world_size": 2, "ranks_per_gpu": 2, "results": r, "summary": summary(r), "nvshmem4py_rank1": per_rank[1].get("nvshmem4py"),
