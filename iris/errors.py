@@ -41,3 +41,11 @@ class CaptureError(IrisError, RuntimeError):
 
 class ContextClosed(IrisError, RuntimeError):
     """A call on a context after close()."""
+
+
+class AddressMapError(IrisError, ValueError):
+    """A peer-base table that a kernel would translate through into a wild pointer."""
+
+
+class ProviderUnavailable(IrisError, ImportError):
+    """An optional provider's package is missing or cannot run here; names the pip extra to install."""
