@@ -92,8 +92,9 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         and garbage collection when the heap is full."""
         try:
             offset, new = self.alloc.allocate(size, 256, self._grow_now)
-            if offset is None and self._may_grow():  # freed blocks wait for reuse: a point first, then grow
-                self._release_agreed(self.group.allgather(self._point(), "allocate (reuse before growth)"))
+            if offset is None and self._may_grow():  # freed blocks wait for reuse
+                if self._waiting_bytes() >= max(size, self.alloc.chunk):  # worth a point before growing
+                    self._release_agreed(self.group.allgather(self._point(), "allocate (reuse before growth)"))
                 offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
@@ -112,8 +113,14 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         return offset
 
     def _grow_now(self) -> bool:
-        """may_grow for a first try: not while freed blocks wait (the point before growth may return them)."""
+        """may_grow for a first try: not while freed blocks wait. _allocate then passes a point first when
+        a chunk (and the request) waits; with less it grows, so that a loop of allocate and free with
+        no collective point does not pass one per allocation (growth's own exchange returns what has
+        finished, so the heap stays within about a chunk of that)."""
         return not (self._freed or self._waiting) and self._may_grow()
+
+    def _waiting_bytes(self) -> int:
+        return sum(b.nbytes for b in self._freed) + sum(b.nbytes for w in self._waiting.values() for b in w)
 
     def free(self, offset: int) -> int:
         """Give the block at offset back for reuse once the work queued before this free has finished
