@@ -186,11 +186,7 @@ class Iris:
         """Waits for this rank's device work (on `stream` only, if given), then for every rank.
         Collective: all ranks. group: None or every rank (subsets raise NotImplementedError)."""
         covers_job(group, self.world, "barrier")
-        if stream is not None:
-            stream.synchronize()
-        elif self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.heap.check_symmetry()
+        self.heap.check_symmetry(sync=True if stream is None else stream)
 
     # -- memory ------------------------------------------------------------
     def is_symmetric(self, t: torch.Tensor) -> bool:
@@ -205,7 +201,8 @@ class Iris:
         return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:
-        """Give t's block back for reuse now. Collective: all ranks free the same tensors in the same
+        """Take t's block out of use now; it is reused once the work every rank queued before the free
+        has finished (known at a later collective point). Collective: all ranks free the same tensors in the same
         order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
         freeing a block twice raises. Tensors that are simply dropped are freed at the next
         collective point instead (see collect)."""
@@ -231,7 +228,8 @@ class Iris:
                 del self._imported_at[offset]
 
     def collect(self) -> int:
-        """Release the blocks whose tensors are gone on every rank; returns the bytes released.
+        """Wait for this rank's device work, then release the blocks whose tensors are gone on every rank
+        and the blocks freed before; returns the bytes released.
 
         A heap tensor that is dropped (no view, slice or peer view of it left) is queued on its rank;
         queued blocks are released at collective points (heap growth, barrier, trim, close, and

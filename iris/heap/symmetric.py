@@ -93,7 +93,11 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         if needed (never during CUDA graph capture: growth maps memory and exchanges it with peers),
         and garbage collection when the heap is full."""
         try:
-            offset, new = self.alloc.allocate(size, 256, self._may_grow)
+            offset, new = self.alloc.allocate(size, 256, self._grow_now)
+            if offset is None and self._may_grow():  # freed blocks wait for reuse
+                if self._waiting_bytes() >= max(size, self.alloc.chunk):  # worth a point before growing
+                    self._release_agreed(self.group.allgather(self._point(), "allocate (reuse before growth)"))
+                offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
                 self._grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
@@ -110,8 +114,19 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self._grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
         return offset
 
+    def _grow_now(self) -> bool:
+        """may_grow for a first try: not while freed blocks wait. _allocate then passes a point first when
+        a chunk (and the request) waits; with less it grows, so that a loop of allocate and free with
+        no collective point does not pass one per allocation (growth's own exchange returns what has
+        finished, so the heap stays within about a chunk of that)."""
+        return not (self._freed or self._waiting) and self._may_grow()
+
+    def _waiting_bytes(self) -> int:
+        return sum(b.nbytes for b in self._freed) + sum(b.nbytes for w in self._waiting.values() for b in w)
+
     def free(self, offset: int) -> int:
-        """Give the block at offset back for reuse. Collective: all ranks, same order."""
+        """Give the block at offset back for reuse once the work queued before this free has finished
+        on every rank (see lifetime.py). Collective: all ranks, same order."""
         block = self._at.get(offset)
         if block is not None:
             return self.free_block(block)
@@ -129,10 +144,11 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         the blocks collected as agreed garbage)."""
         return {"allocations": self._serial, "frees": self._frees, **self._stats}
 
-    def check_symmetry(self, pending: str = "", what: str = "barrier") -> None:
-        """Compare every rank's call digest and release agreed garbage; doubles as a barrier.
-        Collective: all ranks."""
-        got = self.group.allgather((self.symmetry.token(pending), self._queue()), what)
+    def check_symmetry(self, pending: str = "", what: str = "barrier", sync=None) -> None:
+        """Compare every rank's call digest and release agreed garbage; doubles as a barrier. sync: a
+        stream, or True for the whole device, that each rank waits for first (ctx.barrier): then what
+        was freed before it goes back to the pool here. Collective: all ranks."""
+        got = self.group.allgather((self.symmetry.token(pending), self._point(sync)), what)
         self.symmetry.compare([g[0] for g in got], self.rank, f"{what} before {pending}" if pending else what)
         self._release_agreed([g[1] for g in got])
 
