@@ -12,7 +12,8 @@ import torch
 class DeviceName(str):
     __slots__ = ("type", "index")
 
-    def __new__(cls, device: torch.device):
+    def __new__(cls, device):
+        device = torch.device(device)  # a str too: copy and pickle rebuild it from its text
         self = super().__new__(cls, str(device))
         self.type, self.index = device.type, device.index
         return self

@@ -140,9 +140,9 @@ def _worker(rank, world_size, port):
     dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
     shmem = iris.iris(2**26)
     torch.manual_seed(7 + rank)
-    for dtype, atol, rtol in ((torch.float16, 0.2, 0.01), (torch.float32, 0.3, 0.01)):
-        for variant in ("one_shot", "two_shot"):
-            test_matmul_all_reduce(shmem, dtype, atol, rtol, 96, 64, 32, variant)
+    test_matmul_all_reduce(shmem, torch.float16, 0.2, 0.01, 96, 64, 32, "one_shot")
+    test_matmul_all_reduce(shmem, torch.float32, 0.3, 0.01, 96, 64, 32, "two_shot")
+    for dtype, atol, rtol in ((torch.float16, 2e-1, 1e-2), (torch.float32, 1e-1, 1e-2)):
         test_matmul_reduce_scatter(shmem, dtype, atol, rtol, 96, 96, 32)
     test_matmul_all_reduce_unsupported_variant(shmem)
     test_all_gather_matmul(shmem, torch.float16, 1e-2, 1e-2, 64, 32, 64)

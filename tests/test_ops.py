@@ -60,7 +60,7 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
             out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
             A = ins[r][0].t().contiguous().to(dev).t() if call else ins[r][0].to(dev)  # second call: A column-major
             one_shot = dataclasses.replace(cfg, all_reduce_variant="one_shot") if cfg is not None else None
-            for c in (cfg, via_ccl) if cfg is streamed else (cfg, one_shot):
+            for c in (cfg, via_ccl) if cfg is streamed else (cfg,) if cfg is None else (cfg, one_shot):
                 out.fill_(float("nan"))
                 ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=c)
                 errors.append(_close(f"matmul_all_reduce {c} call {call}", out, want, dtype, scale))

@@ -53,6 +53,12 @@ def _check_bias(name, bias, output):
                          f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
 
 
+def _tagged(ws: dict, op: str) -> dict:
+    """The workspace, marked with the kernel it was built for (a workspace= passed back finds it)."""
+    ws["op"] = op
+    return ws
+
+
 def _shaped(shape, like: torch.Tensor) -> torch.Tensor:
     """A tensor of this shape that takes no memory: for checks and workspace keys before the output exists."""
     return torch.empty(1, dtype=like.dtype, device=like.device).expand(*shape)
@@ -125,22 +131,22 @@ class OpsNamespace:
         if kind in ("ar_tiles", "rs_tiles"):
             cfg = config or FusedConfig()
             cfg = dataclasses.replace(cfg, **{k: v for k, v in IRIS_TILE.items() if getattr(cfg, k) is None})
-            return self._ws(kind, output, A, B, cfg, lambda: dict(_ot.preamble(ctx, output, A, B, cfg,
-                                                                               kind == "ar_tiles"), op=kind))
+            return self._ws(kind, output, A, B, cfg, lambda: _tagged(_ot.preamble(ctx, output, A, B, cfg,
+                                                                                kind == "ar_tiles"), kind))
         if kind == "ag_k":
-            return self._ws(kind, output, A, B, None, lambda: dict(_gk.preamble(ctx, output, A, B), op=kind))
+            return self._ws(kind, output, A, B, None, lambda: _tagged(_gk.preamble(ctx, output, A, B), kind))
         if kind == "mag":
-            return self._ws(kind, output, A, B, config, lambda: dict(_mag.preamble(ctx, output, A, B, config),
-                                                                     op=kind))
+            return self._ws(kind, output, A, B, config, lambda: _tagged(_mag.preamble(ctx, output, A, B, config),
+                                                                        kind))
         if self._variant(kind, output, A, B, config) == "streamed":
             chunks = config.chunks if config is not None and config.chunks else {"ag": 1, "ar": 2, "rs": 4}[kind]
             comm_sms = config.comm_sms if config is not None else None
             return self._ws(kind + "/streamed", output, A, B, config,
-                            lambda: dict(_st.preamble(ctx, kind, output, A, B, chunks, comm_sms), op="streamed"))
+                            lambda: _tagged(_st.preamble(ctx, kind, output, A, B, chunks, comm_sms), "streamed"))
         make = {"ag": lambda: _agm.preamble(ctx, output, A, B, config),
                 "ar": lambda: _mr.preamble(ctx, output, A, B, config, scatter=False),
                 "rs": lambda: _mr.preamble(ctx, output, A, B, config, scatter=True)}[kind]
-        return self._ws(kind, output, A, B, config, lambda: dict(make(), op=kind))
+        return self._ws(kind, output, A, B, config, lambda: _tagged(make(), kind))
 
     def _call(self, kind, name, output, A, B, bias, config, workspace):
         _check_bias(name, bias, output)
