@@ -89,8 +89,11 @@ def test_matmul_reduce_scatter(shmem, dtype, atol, rtol, M, N, K):
     iris_B.copy_(B)
     iris_C = shmem.full((M, N), float("nan"), dtype=dtype)
     shmem.barrier()
-    ops.matmul_reduce_scatter(shmem, iris_C, iris_A, iris_B, config=config)
+    workspace = ops.matmul_reduce_scatter(shmem, iris_C, iris_A, iris_B, config=config,
+                                          workspace=ops.FusedWorkspace())
+    assert isinstance(workspace, ops.FusedWorkspace)
     shmem.barrier()
+    owned = torch.zeros(M, N, dtype=torch.bool)
     for local_tile_idx in range(tiles_per_rank):
         tile_id = start_tile + local_tile_idx
         pid_m, pid_n = tile_id // num_pid_n, tile_id % num_pid_n
@@ -98,6 +101,9 @@ def test_matmul_reduce_scatter(shmem, dtype, atol, rtol, M, N, K):
         m_end, n_end = min(m_start + config.block_size_m, M), min(n_start + config.block_size_n, N)
         _close(iris_C[m_start:m_end, n_start:n_end], C_reduced[m_start:m_end, n_start:n_end], atol, rtol,
                f"rank {rank} matmul_reduce_scatter {dtype} tile {tile_id}")
+        owned[m_start:m_end, n_start:n_end] = True
+    assert torch.equal(iris_C.cpu()[~owned], torch.zeros(int((~owned).sum()), dtype=dtype)), \
+        f"rank {rank}: tiles other ranks own are not zero, as Iris leaves them"
 
 
 def test_all_gather_matmul(shmem, dtype, atol, rtol, M, K_local, N):

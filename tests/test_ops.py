@@ -94,8 +94,9 @@ def _bad_shapes(ctx):
     """Each bad call must raise naming the problem, before it allocates anything on the heap."""
     w, dev = ctx.get_num_ranks(), ctx.get_device()
     heap_out = ctx.empty((8 * w, 5), dtype=torch.float16)
-    live = set(ctx.heap.alloc.offsets.live)
     A, B = torch.randn(8, 6, device=dev).half(), torch.randn(6, 5, device=dev).half()
+    other_ws = ctx.ops.matmul_all_reduce_preamble(torch.empty(8, 4, device=dev).half(), A, B[:, :4])
+    live = set(ctx.heap.alloc.offsets.live)
     cases = [
         ("B needs 6 rows", ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),
         ("output must be", ctx.ops.all_gather_matmul, torch.empty(8, 5, device=dev).half(), A, B),
@@ -103,6 +104,8 @@ def _bad_shapes(ctx):
          A.double(), B.double()),
         ("supports only", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, config=FusedConfig(
             all_reduce_variant="ring")), torch.empty(8, 5, device=dev).half(), A, B),
+        ("workspace was built for", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, workspace=other_ws),
+         torch.empty(8, 5, device=dev).half(), A, B),
         ("not offered", lambda o, a, b: ctx.ops.matmul_all_gather(o, a, b, bias=torch.zeros(8 * w, device=dev)),
          heap_out, A, B),
         (f"do not split over {w}", ctx.ops.matmul_reduce_scatter, torch.empty(3, 5, device=dev).half(), A[:7], B),

@@ -34,13 +34,14 @@ from . import owned_tiles as _ot
 from . import streamed as _st
 from .config import FusedConfig
 from .gemm import interpreted, matmul
+from .workspace import FusedWorkspace
 
 # where "streamed" measured faster on 2x H200 (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
 STREAMED_MIN_ROWS = 1024
 STREAMED_MIN_MACS = 1 << 36
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
 
-__all__ = ["FusedConfig", "OpsNamespace", "all_gather_matmul", "all_gather_matmul_preamble", "matmul",
+__all__ = ["FusedConfig", "FusedWorkspace", "OpsNamespace", "all_gather_matmul", "all_gather_matmul_preamble", "matmul",
            "matmul_all_gather", "matmul_all_gather_preamble", "matmul_all_reduce", "matmul_all_reduce_preamble",
            "matmul_reduce_scatter", "matmul_reduce_scatter_preamble"]
 
@@ -53,8 +54,9 @@ def _check_bias(name, bias, output):
                          f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
 
 
-def _tagged(ws: dict, op: str) -> dict:
-    """The workspace, marked with the kernel it was built for (a workspace= passed back finds it)."""
+def _tagged(ws: dict, op: str) -> FusedWorkspace:
+    """The workspace as a FusedWorkspace, marked with the kernel it was built for."""
+    ws = FusedWorkspace(ws)
     ws["op"] = op
     return ws
 
@@ -81,7 +83,24 @@ class OpsNamespace:
         ws = self._workspaces.get(key)
         if ws is None:
             ws = self._workspaces[key] = make()
+            ws["built_for"] = key[:6]
         return ws
+
+    def _given(self, name, kind, output, A, B, config, workspace):
+        """A workspace passed back: checked against these tensors; an empty FusedWorkspace is filled."""
+        if not isinstance(workspace, dict):
+            raise TypeError(f"{name}: workspace must be what {name}_preamble or {name} returned, got "
+                            f"{type(workspace).__name__}")
+        if not workspace:
+            workspace.update(self._preamble(kind, output, A, B, config))
+            return workspace
+        self._kind(kind, output, A, B, config)
+        built = workspace.get("built_for", ())
+        if built[1:] != (tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device):
+            raise ValueError(f"{name}: the workspace was built for A {built[1:2]}, B {built[2:3]}, output "
+                             f"{built[3:4]} {built[4:6]}, not A {tuple(A.shape)}, B {tuple(B.shape)}, output "
+                             f"{tuple(output.shape)} {A.dtype} on {A.device}; build one with {name}_preamble")
+        return workspace
 
     def _variant(self, kind, output, A, B, config) -> str:
         if config is not None:
@@ -152,7 +171,8 @@ class OpsNamespace:
         _check_bias(name, bias, output)
         if bias is not None and kind == "mag":  # each rank's rows would carry its own bias, before they are sent
             raise ValueError("matmul_all_gather: bias is not offered; add it to the output rows afterwards")
-        ws = workspace if workspace is not None else self._preamble(kind, output, A, B, config)
+        ws = (self._given(name, kind, output, A, B, config, workspace) if workspace is not None
+              else self._preamble(kind, output, A, B, config))
         ctx, op = self._ctx, ws["op"]
         if op == "streamed":
             _st.run(ctx, output, A, B, ws)

@@ -1,7 +1,8 @@
 """Iris's tile ownership: out (M x N) = sum over ranks of A_r @ B_r, where tile t of the output
 (block_size_m x block_size_n tiles, numbered row by row) belongs to rank min(t // (T // world),
 world - 1), T the number of tiles: each rank owns T // world consecutive tiles, the last rank also
-the remainder. matmul_reduce_scatter (Iris's layout) writes each rank's own tiles; the two-shot
+the remainder. matmul_reduce_scatter (Iris's layout) writes each rank's own tiles and zeroes the
+others (Iris zeroes the output first); the two-shot
 matmul_all_reduce then sends every reduced tile to every other rank, so all get all of out.
 
 One persistent kernel. A program computes the partials of tiles that other ranks own and stores
@@ -61,6 +62,9 @@ def _owned_tiles_kernel(a, b, c, slots, flags, gather, gflags, ctl, heap_bases, 
               heap_bases)
         tl.debug_barrier()
         signal(flags + rank * per + local, ep, rank, owner, heap_bases)
+        if not ALL:  # as Iris, whose preamble zeroes C: the tiles other ranks own read 0
+            p, mask = _tile_ptrs(c, pid_m * BM, pid_n * BN, M, N, scm, scn, BM, BN)
+            tl.store(p, tl.zeros((BM, BN), dtype=c.dtype.element_ty), mask=mask)
     # this rank's tiles: own partial plus the peers', in fp32
     for t in range(lo + pid, hi, NUM_SMS):
         pid_m = t // num_n
