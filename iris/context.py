@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 
 from . import distributed
-from .allocators import ALLOCATORS
+from .allocators import ALIASES, ALLOCATORS
+from .device_name import DeviceName
 from .allocators.offsets import round_up
 from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
@@ -66,6 +67,7 @@ class Iris:
         if allocator is not None and allocator_type is not None and allocator != allocator_type:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
         name = os.environ.get("IRIS_ALLOCATOR") or allocator or allocator_type or "torch"
+        name = ALIASES.get(name, name)
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
         self.allocator_name = name
@@ -100,6 +102,7 @@ class Iris:
             self._group_counters = self._internal_flags(GROUP_PROGRAMS * self.world, torch.int64).view(
                 GROUP_PROGRAMS, self.world)
             self._device_context = None
+            self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
         except BaseException as e:
             self.group.abort(f"creating the heap: {type(e).__name__}: {e}")  # the others learn why
@@ -126,7 +129,7 @@ class Iris:
         return self.world
 
     def get_device(self) -> torch.device:
-        return self.device
+        return self._torch_device
 
     def get_device_id(self) -> int:
         """Index of this rank's GPU (0 on the host)."""
@@ -269,7 +272,7 @@ class Iris:
         return t.requires_grad_(requires_grad) if requires_grad else t
 
     # -- factories (collective: all ranks, same order, same sizes) ---------
-    # torch's keywords: layout (strided only), pin_memory (False only), memory_format, device (this
+    # torch's keywords: layout (strided only), pin_memory (no effect: a warning), memory_format, device (this
     # heap's), out (a heap tensor of as many elements; returned viewed with the size asked for).
     def _factory(self, size, dtype, device, out, requires_grad, fill=None, layout=None, pin_memory=False,
                  memory_format=None, like=None) -> torch.Tensor:

@@ -192,7 +192,6 @@ def check_surface(ctx):
     want(ctx.rand(3, pin_memory=False).shape == (3,) and ctx.arange(5, out=ctx.zeros(5, dtype=torch.int64))
          .tolist() == list(range(5)), "rand pin_memory=False, arange out=")
     for bad, err in ((lambda: ctx.zeros(4, out=ctx.zeros(5)), "5 elements"),
-                     (lambda: ctx.empty(4, pin_memory=True), "pin_memory"),
                      (lambda: ctx.zeros(4, layout=torch.sparse_coo), "strided")):
         try:
             bad()

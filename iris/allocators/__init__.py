@@ -6,5 +6,6 @@ from .vmem import Segment, VMemAllocator
 
 # one signature: (driver, heap_size, device, group)
 ALLOCATORS = {"torch": TorchAllocator, "vmem": VMemAllocator, "nvshmem": NvshmemAllocator}
+ALIASES = {"vmem_chunked": "vmem"}  # Iris's name for a VMM heap that grows in chunks: what vmem does
 
-__all__ = ["ALLOCATORS", "NvshmemAllocator", "Offsets", "Segment", "TorchAllocator", "VMemAllocator"]
+__all__ = ["ALIASES", "ALLOCATORS", "NvshmemAllocator", "Offsets", "Segment", "TorchAllocator", "VMemAllocator"]

@@ -63,6 +63,14 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
 
     # -- allocation --------------------------------------------------------
+    def allocate(self, num_elements: int, dtype: torch.dtype, alignment: int = 1024) -> torch.Tensor:
+        """Iris's ctx.heap.allocate: a 1-D heap tensor of num_elements. Blocks start 256-byte aligned
+        (what TMA and vector loads need); alignment is accepted for Iris's programs. Collective: all
+        ranks, same order, same sizes."""
+        if isinstance(num_elements, bool) or not isinstance(num_elements, int) or num_elements < 0:
+            raise ValueError(f"allocate: num_elements must be an int >= 0, got {num_elements!r}")
+        return self.new_tensor(torch.Size((num_elements,)), dtype)
+
     def new_tensor(self, shape, dtype: torch.dtype, nbytes=None) -> torch.Tensor:
         """A fresh heap tensor of shape and dtype (nbytes: its size, if known) over a new block: one
         allocation, one view. Collective: all ranks, same order, same sizes.
