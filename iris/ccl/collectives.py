@@ -154,7 +154,8 @@ class CCL:
                 return
         m = self._last_ar
         if (m is not None and m.inp() is inp and m.out() is out and m.op is op and m.key is ck
-                and m.inp_ptr == inp.data_ptr() and m.out_ptr == out.data_ptr() and m.numel == inp.numel() == out.numel()):
+                and m.inp_ptr == inp.data_ptr() and m.out_ptr == out.data_ptr()
+                and m.numel == inp.numel() == out.numel()):
             plan = m.plan
         else:
             key = ("ar", op, inp.shape, out.shape, inp.dtype, ck)
@@ -395,8 +396,9 @@ class CCL:
             limit = cfg.one_shot_max_bytes or (4 * _MiB if w <= 2 else 256 * _KiB)
             variant = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot_push"
         if variant in ("atomic", "spinlock") and op != ReduceOp.SUM:
-            raise CollectiveError(f"all_reduce: Config.all_reduce_variant={variant!r} adds into a zeroed buffer, so it "
-                                  f"reduces with sum only, not {op.value}; pick 'one_shot', 'two_shot', 'ring' or 'auto'")
+            raise CollectiveError(f"all_reduce: Config.all_reduce_variant={variant!r} adds into a zeroed buffer, so "
+                                  f"it reduces with sum only, not {op.value}; pick 'one_shot', 'two_shot', 'ring' or "
+                                  "'auto'")
         self._ready()
         if variant == "one_shot":
             return self._plan_pull("ar", out, inp, op, cfg)
