@@ -80,13 +80,14 @@ def accumulate_kernel(inp, out, acc, locks, flags, counters, heap_bases, n, per,
             there = acc + _peer_offset(heap_bases, q, mine, VEC) + o
             if LOCK:
                 lock = locks + s // BLOCK + _peer_offset(heap_bases, q, mine, 2)
-                while tl.atomic_cas(lock, 0, 1, sem="acquire", scope="sys") != 0:
+                free = tl.zeros([], tl.int64)  # atomic_cas wants the lock's own type
+                while tl.atomic_cas(lock, free, free + 1, sem="acquire", scope="sys") != 0:
                     pass
                 tl.debug_barrier()
                 cur = tl.load(there, mask=mask, volatile=True)
                 tl.store(there, cur + x, mask=mask)
                 tl.debug_barrier()
-                tl.atomic_xchg(lock, 0, sem="release", scope="sys")
+                tl.atomic_xchg(lock, free, sem="release", scope="sys")
             else:
                 tl.atomic_add(there, x, mask=mask, sem="relaxed", scope="sys")
     if TURNS:
