@@ -59,6 +59,12 @@ def _pow2(x: int) -> int:
     return 1 << max(1, (x - 1).bit_length())
 
 
+def _chunk(mode, out, inp, world) -> int:
+    """Elements each rank contributes per destination: its share of out (rs), one column block (a2a),
+    else all of inp."""
+    return out.numel() if mode == "rs" else inp.numel() // world if mode == "a2a" else inp.numel()
+
+
 class _Plan:
     """One collective at one shape: its workspace, its kernel arguments (given by parameter name), and a
     Launcher per alignment of the user's tensors and per value of the constexprs named in `per_call`
@@ -129,8 +135,8 @@ class CCL:
         return self.plans[key]
 
     def all_reduce(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
-        """out = inp reduced (sum, max or min) over all ranks (of group); out may be inp. Shapes (M, N) or
-        any, equal; fp32, bf16, fp16, int32, int64. Config.all_reduce_variant picks the algorithm:
+        """out = inp reduced (sum, max or min; None: sum, as Iris) over all ranks (of group); out may be
+        inp. Shapes (M, N) or any, equal; fp32, bf16, fp16, int32, int64. Config.all_reduce_variant picks the algorithm:
         "one_shot" (each rank reads every peer's staged copy), "two_shot" (rank r reduces its share,
         Config.all_reduce_distribution, pulling it from every peer, then stores it into every peer),
         "one_shot_push" / "two_shot_push" (the same by remote stores only), "atomic" (every rank adds
@@ -147,6 +153,8 @@ class CCL:
         order, same sizes."""
         cfg = config or self._default
         ck = cfg.key()
+        if op is None:  # Iris's default
+            op = ReduceOp.SUM
         if group is not None:
             ranks = self._group(group, "all_reduce")[0]
             if ranks is not None:
@@ -192,6 +200,7 @@ class CCL:
         input, then reduces its own rows by reading them from every peer. Collective: all ranks (of
         the group), same order, same sizes."""
         cfg = self._config(config)
+        op = ReduceOp.SUM if op is None else op
         if cfg.use_gluon:
             raise ConfigError("reduce_scatter has no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
         ranks, w = self._group(group, "reduce_scatter")
@@ -491,7 +500,7 @@ class CCL:
     def _plan_pull(self, mode, out, inp, op, cfg, src=0):
         self._ready()
         ctx, w = self.ctx, self.ctx.world
-        n = out.numel() if mode == "rs" else inp.numel() // w if mode == "a2a" else inp.numel()
+        n = _chunk(mode, out, inp, w)
         chunks = w if mode in ("rs", "a2a") else 1
         block = self._block(cfg, inp)
         cs = round_up(n, 16)
@@ -520,7 +529,7 @@ class CCL:
         if members is None:
             bases = [ctx.heap.bases[r] for r in ranks]
             members = self._members[ranks] = torch.tensor(list(ranks) + bases, dtype=torch.int64, device=ctx.device)
-        n = out.numel() if mode == "rs" else inp.numel() // g if mode == "a2a" else inp.numel()
+        n = _chunk(mode, out, inp, g)
         block = self._block(cfg, inp)
         programs, per = self._split(n, block, cfg, counters.shape[0])
         return _Plan(group_kernel, (programs,), self._options(cfg, 8), (), "group", ("STAGED",), inp=inp, out=out,
