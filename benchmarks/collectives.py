@@ -142,7 +142,8 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
             err = (y_.float() - ref.float()).abs().max().item()
             row[f"{name}_max_abs_diff_vs_nccl"] = err
             timer.both(row, name, lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
-        row["variant_auto"] = ctx.ccl.plans[("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, None)].variant
+        ctx.ccl.all_reduce(y, x)
+        row["variant_auto"] = ctx.ccl._last_ar.plan.variant
         timer.both(row, "nccl", lambda: dist.all_reduce(y), calls)
         if symm is not None:
             try:
@@ -224,7 +225,7 @@ def host_costs(ctx, timer, gpu):
     x = torch.randn(512, device=ctx.device).to(torch.bfloat16)
     y = torch.empty_like(x)
     ctx.ccl.all_reduce(y, x)
-    plan = ctx.ccl.plans[("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, None)]
+    plan = ctx.ccl._last_ar.plan
     args = list(plan.args)
     args[0], args[1] = x, y
     calls = 2000 if gpu else 5
@@ -239,7 +240,7 @@ def host_costs(ctx, timer, gpu):
         return slowest(host * 1e6)
 
     out = {"iris_all_reduce_host_us": per_call(lambda: ctx.ccl.all_reduce(y, x)),
-           "jit_launch_same_kernel_host_us": per_call(lambda: plan.fn[plan.grid](*args, num_warps=plan.warps)),
+           "jit_launch_same_kernel_host_us": per_call(lambda: plan.fn[plan.grid](*args, **plan.options)),
            "iris_all_reduce_host_us_again": per_call(lambda: ctx.ccl.all_reduce(y, x)),
            "torch_copy_host_us": per_call(lambda: y.copy_(x))}
     launchers = list(plan.launchers.values())
