@@ -240,6 +240,8 @@ def test_config_mutation_changes_key():
     assert c.key() is k  # cached while nothing changes
     c.all_reduce_distribution = 0
     assert c.key() != k
+    c.block_size_n = 16  # smaller than the slice set at construction: Iris accepts it, so does iris
+    c.key()
     c.all_reduce_variant = "nope"
     with pytest.raises(ConfigError, match="all_reduce_variant must be one of"):
         c.key()
@@ -251,7 +253,8 @@ def test_config_mutation_changes_key():
     (dict(all_to_all_variant="tdm"), "use_gluon=True"),
     (dict(reduce_scatter_variant="ring"), "reduce_scatter_variant must be one of 'two_shot'"),
     (dict(all_reduce_distribution=2), "0 (blocks strided across ranks) or 1"),
-    (dict(block_size_n=64, all_reduce_ring_slice_n=128), "must divide block_size_n"),
+    (dict(block_size_n=64, all_reduce_ring_slice_n=128), "power of two dividing block_size_n"),
+    (dict(all_reduce_ring_slice_n=24), "power of two dividing block_size_n"),
     (dict(threads_per_warp=16), "threads_per_warp must be 32"),
     (dict(block_size_m=0), "block_size_m must be an int >= 1"),
     (dict(num_warps=3), "num_warps must be a power of two"),

@@ -91,6 +91,12 @@ class Config:
         if self.threads_per_warp is None:
             self.threads_per_warp = 32
         self.validate()
+        # checked at construction only, as Iris does: iris's ring cuts each tile into world slices itself
+        # (Iris's launch resets the slice to block_size_n // world), so a later block_size_n may not divide
+        v = self.all_reduce_ring_slice_n
+        if v & (v - 1) or self.block_size_n % v:
+            raise ConfigError(f"Config.all_reduce_ring_slice_n ({v}) must be a power of two dividing block_size_n "
+                              f"({self.block_size_n})")
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)
@@ -117,15 +123,12 @@ class Config:
             _int(name, getattr(self, name), 0)
         if self.num_warps is not None:
             _int("num_warps", self.num_warps, 1)
-        for name in ("block_size_m", "block_size_n", "block_size", "num_warps", "all_reduce_ring_slice_n"):
+        for name in ("block_size_m", "block_size_n", "block_size", "num_warps"):
             v = getattr(self, name)
             if v and v & (v - 1):
                 raise ConfigError(f"Config.{name} must be a power of two (Triton's block shapes are), got {v}")
         if self.block_size and self.block_size < 16:
             raise ConfigError(f"Config.block_size must be at least 16 elements (or 0: by dtype), got {self.block_size}")
-        if self.block_size_n % self.all_reduce_ring_slice_n:
-            raise ConfigError(f"Config.all_reduce_ring_slice_n ({self.all_reduce_ring_slice_n}) must divide "
-                              f"block_size_n ({self.block_size_n})")
         if self.threads_per_warp not in (32, 64):
             raise ConfigError(f"Config.threads_per_warp must be 32 (NVIDIA) or 64, got {self.threads_per_warp}")
         if not isinstance(self.use_gluon, bool):
