@@ -1,6 +1,7 @@
 """Collective tests written the way Iris's tests/ccl writes them: iris.iris(heap_size), Config with Iris's
 fields (set at construction and after it), all_reduce_preamble then all_reduce(..., workspace=),
-results compared with torch.distributed's. Only the import refers to this iris. Sizes are small so that
+results compared with torch.distributed's, reduce_scatter's tiles located with Config's block sizes
+and swizzle_size. Only the import refers to this iris. Sizes are small so that
 the host driver's interpreter runs them; the reference runs on gloo over CPU copies (NCCL refuses two
 ranks on one GPU). Run: python tests/iris_ccl_program.py PORT [WORLD]
 """
@@ -149,6 +150,61 @@ def test_all_to_all(dtype, M, N):
         gc.collect()
 
 
+def _swizzle_tile_to_pid(tile_id, num_pid_m, num_pid_n, group_size_m):
+    num_pid_in_group = group_size_m * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * group_size_m
+    actual_group_size_m = min(num_pid_m - first_pid_m, group_size_m)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % actual_group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // actual_group_size_m
+    return pid_m, pid_n
+
+
+def test_reduce_scatter_two_shot_distribution(distribution, dtype=torch.float32, M=96, N=256):
+    ctx = iris.iris(HEAP)
+    rank = ctx.get_rank()
+    world_size = ctx.get_num_ranks()
+    pytorch_input_tensor = torch.full((M, N), float(rank + 1), dtype=dtype, device=_device(rank))
+    iris_input_tensor = ctx.zeros((M, N), dtype=dtype)
+    iris_input_tensor.copy_(pytorch_input_tensor)
+    iris_output_tensor = ctx.zeros((M, N), dtype=dtype)
+    ctx.barrier()
+    config = Config(reduce_scatter_variant="two_shot", all_reduce_distribution=distribution)
+    ctx.ccl.reduce_scatter(iris_output_tensor, iris_input_tensor, config=config)
+    ctx.barrier()
+
+    expected_sum = sum(float(r + 1) for r in range(world_size))
+    block_size_m = config.block_size_m
+    block_size_n = config.block_size_n
+    num_pid_m = (M + block_size_m - 1) // block_size_m
+    num_pid_n = (N + block_size_n - 1) // block_size_n
+    total_tiles = num_pid_m * num_pid_n
+    tiles_per_rank = (total_tiles + world_size - 1) // world_size
+    if distribution == 0:
+        assigned_tiles = list(range(rank, total_tiles, world_size))
+    else:
+        start_tile = rank * tiles_per_rank
+        remaining = max(total_tiles - start_tile, 0)
+        num_assigned = min(tiles_per_rank, remaining)
+        assigned_tiles = list(range(start_tile, start_tile + num_assigned))
+    try:
+        for tile_id in assigned_tiles:
+            pid_m, pid_n = _swizzle_tile_to_pid(tile_id, num_pid_m, num_pid_n, config.swizzle_size)
+            m_start = pid_m * block_size_m
+            m_end = min(m_start + block_size_m, M)
+            n_start = pid_n * block_size_n
+            n_end = min(n_start + block_size_n, N)
+            tile_data = iris_output_tensor[m_start:m_end, n_start:n_end]
+            expected_tile = torch.full_like(tile_data, expected_sum)
+            assert torch.allclose(tile_data, expected_tile, atol=1e-5, rtol=0), (
+                f"Rank {rank}, tile {tile_id}, distribution={distribution}: Expected {expected_sum}, "
+                f"got max={tile_data.max().item()}, min={tile_data.min().item()}")
+    finally:
+        ctx.barrier()
+        del ctx
+        gc.collect()
+
+
 def _worker(rank, world_size, port):
     dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
     for variant in ("atomic", "ring", "two_shot", "one_shot", "spinlock"):
@@ -160,6 +216,8 @@ def _worker(rank, world_size, port):
         test_all_gather(torch.float32, 16, 8, 32, 64, variant)
         test_all_gather(torch.bfloat16, 8, 16, 32, 16, variant)
     test_all_to_all(torch.float32, 8, 6)
+    for distribution in (0, 1):
+        test_reduce_scatter_two_shot_distribution(distribution)
     print(f"rank {rank}: OK", flush=True)
     dist.destroy_process_group()
 

@@ -60,6 +60,32 @@ def check_all_gather(ctx, variant, rows, dtype, cfg, heap=False):
     return [] if torch.equal(out, torch.cat(xs)) else [("all_gather", variant, tuple(rows), str(dtype), "heap" * heap)]
 
 
+def _owned(t, tiles, rank, world, dist):
+    """Whether rank owns tile t (Config.all_reduce_distribution 0: round robin; 1: contiguous runs)."""
+    return t % world == rank if dist == 0 else t // -(-tiles // world) == rank
+
+
+def check_tile_reduce_scatter(ctx, m, n, cfg, dtype=torch.float32, rep=0):
+    """reduce_scatter in Iris's layout (out shaped as inp): this rank's tiles, in Iris's swizzled order,
+    hold the sum; every other element of out keeps its poison."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    bm, bn, group = cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size
+    xs = [_data((m, n), dtype, q, rep, dev) for q in range(w)]
+    out = torch.full((m, n), POISON, dtype=dtype, device=dev)
+    ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
+    want = torch.full((m, n), POISON, dtype=dtype, device=dev)
+    total, grid_m, grid_n = _sum(xs), -(-m // bm), -(-n // bn)
+    tiles = grid_m * grid_n
+    for t in range(tiles):
+        if _owned(t, tiles, r, w, cfg.all_reduce_distribution):
+            first = (t // (group * grid_n)) * group
+            rows = min(grid_m - first, group)
+            pm, pn = first + (t % (group * grid_n)) % rows, (t % (group * grid_n)) // rows
+            want[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = total[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn]
+    tag = ("reduce_scatter tiles", (m, n), (bm, bn, group), cfg.all_reduce_distribution, str(dtype))
+    return [] if torch.equal(out, want) else [tag]
+
+
 def check_repeats(ctx, variant, n, cfg, reps):
     """Back to back calls with new data: the workspace (flags, locks, ring slots) is reused."""
     r, w, dev = ctx.rank, ctx.world, ctx.device
@@ -159,7 +185,12 @@ def rank_host(dtypes, reps, full):
     for v in ("atomic", "spinlock", "ring", "two_shot"):
         bad += check_repeats(ctx, v, 45, Config(all_reduce_variant=v, block_size=16, comm_sms=1,
                                                 all_reduce_distribution=0), reps)
+    for dist in (0, 1):
+        bad += check_tile_reduce_scatter(ctx, 13, 21, Config(block_size_m=4, block_size_n=8, swizzle_size=2,
+                                                             all_reduce_distribution=dist, comm_sms=2))
     if full:
+        bad += check_tile_reduce_scatter(ctx, 9, 16, Config(block_size_m=4, block_size_n=4, comm_sms=3),
+                                         torch.bfloat16, rep=1)
         cfg = Config(all_reduce_variant="two_shot", block_size=16, comm_sms=2)
         bad += check_all_reduce(ctx, "two_shot", (5, 19), torch.float32, cfg)
         bad += check_all_reduce(ctx, "two_shot", (5, 19), torch.bfloat16, cfg, heap=True)
@@ -206,6 +237,8 @@ def rank_gpu():
         for rows in ((5, 7), (1000, 129)):
             bad += check_all_gather(ctx, v, rows, torch.bfloat16, Config(all_gather_variant=v, comm_sms=64, **spin))
         bad += check_all_gather(ctx, v, (1000, 129), torch.float32, Config(all_gather_variant=v, **spin), heap=True)
+    for dist in (0, 1):
+        bad += check_tile_reduce_scatter(ctx, 1000, 129, Config(all_reduce_distribution=dist, **spin))
     bad += check_mutation(ctx)
     ctx.close()
     return bad

@@ -25,10 +25,11 @@ from ..launch import Launcher
 from .config import Config, ConfigError, ReduceOp
 from .group_kernel import group_kernel
 from .kernels import pull_kernel, push_kernel, two_shot_kernel
-from .variants import accumulate_kernel, gather_push_kernel, ring_kernel
+from .variants import accumulate_kernel, gather_push_kernel, ring_kernel, tile_reduce_scatter_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-_NAMES = {"ar": "all_reduce", "ag": "all_gather", "rs": "reduce_scatter", "a2a": "all_to_all", "bc": "broadcast"}
+_NAMES = {"ar": "all_reduce", "ag": "all_gather", "rs": "reduce_scatter", "rst": "reduce_scatter", "a2a": "all_to_all",
+          "bc": "broadcast"}
 # the Config field that picks each collective's kernel, and the values its group kernel (group=) stands for
 _VARIANT = {"ar": ("all_reduce_variant", ("auto", "one_shot")), "ag": ("all_gather_variant", ("pull",)),
             "rs": ("reduce_scatter_variant", ("two_shot",)), "a2a": ("all_to_all_variant", ("default",))}
@@ -194,16 +195,26 @@ class CCL:
         self._run("ag", out, inp, ranks, cfg, (w * inp.shape[0],) + tuple(inp.shape[1:]) if inp.dim() else None)
 
     def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None):
-        """out (M, N) on rank r = rows [r*M, (r+1)*M) of inp (world*M, N) reduced over all ranks (torch's
-        reduce_scatter_tensor layout; over a group, world is its size and r a rank's position in it).
-        Config.reduce_scatter_variant "two_shot" (the only one, as Iris's): each rank stages its
-        input, then reduces its own rows by reading them from every peer. Collective: all ranks (of
-        the group), same order, same sizes."""
+        """Two layouts. torch's reduce_scatter_tensor: out (M, N) on rank r = rows [r*M, (r+1)*M) of inp
+        (world*M, N) reduced over all ranks (over a group, world is its size and r a rank's position in
+        it). Iris's: out shaped as inp (M, N), 2-D, every rank: rank r's tiles of out (block_size_m x
+        block_size_n tiles in Iris's order, swizzle_size tile rows per group, dealt to the ranks by
+        Config.all_reduce_distribution: 0 round robin, 1 a contiguous run each) get those tiles of inp
+        reduced over all ranks; out's other elements are left as they were. Config.reduce_scatter_variant
+        "two_shot" (the only one, as Iris's): each rank stages its input, then reduces its own part by
+        reading it from every peer. Collective: all ranks (of the group), same order, same sizes."""
         cfg = self._config(config)
         op = ReduceOp.SUM if op is None else op
         if cfg.use_gluon:
             raise ConfigError("reduce_scatter has no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
         ranks, w = self._group(group, "reduce_scatter")
+        if w > 1 and inp.dim() == 2 and tuple(out.shape) == tuple(inp.shape):
+            if ranks is not None:
+                raise CollectiveError(f"reduce_scatter(group= of ranks {list(ranks)}): Iris's layout (out shaped as "
+                                      "inp) runs over every rank only; use torch's layout (out with 1/world of "
+                                      "inp's rows) over a group")
+            self._run("rst", out, inp, None, cfg, tuple(inp.shape), ReduceOp(op))
+            return
         want = (inp.shape[0] // w,) + tuple(inp.shape[1:]) if inp.dim() else None
         if inp.dim() and inp.shape[0] % w:
             raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
@@ -291,6 +302,8 @@ class CCL:
             cfg.validate(self.ctx.world)
             if mode == "ag" and cfg.all_gather_variant != "pull":
                 plan = self._plan_gather_push(out, inp, cfg)
+            elif mode == "rst":
+                plan = self._plan_tile_reduce_scatter(out, inp, op, cfg)
             else:
                 plan = self._plan_pull(mode, out, inp, op, cfg, src)
             self.plans[key] = plan
@@ -496,6 +509,25 @@ class CCL:
                      cfg.all_gather_variant, ("OUT_HEAP",), inp=inp, out=out, stage=stage, flags=flags,
                      counters=counters, heap_bases=ctx.get_heap_bases(), n=n, per=per, rank=ctx.rank, WORLD=w,
                      PEERS=_pow2(w), BLOCK=block, SPIN=cfg.spin_limit, OUT_HEAP=False, PARTITIONED=parted)
+
+    def _plan_tile_reduce_scatter(self, out, inp, op, cfg):
+        """reduce_scatter in Iris's layout: Iris's tiles, a stage of inp in two copies (by epoch parity)."""
+        self._ready()
+        ctx, w = self.ctx, self.ctx.world
+        (m, n), bm, bn = inp.shape, cfg.block_size_m, cfg.block_size_n
+        tiles = -(-m // bm) * -(-n // bn)
+        programs = max(1, min(cfg.comm_sms, -(-tiles // w)))
+        cs = round_up(m * n, 16)
+        stage = ctx.empty(2 * cs, dtype=inp.dtype)
+        flags = ctx.zeros(programs * w, dtype=torch.int64)
+        counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+        ctx.barrier()  # every rank's flags are zero before any rank signals into them
+        return _Plan(tile_reduce_scatter_kernel, (programs,), self._options(cfg, 4), (stage, flags, counters),
+                     "two_shot", inp=inp, out=out, stage=stage, flags=flags, counters=counters,
+                     heap_bases=ctx.get_heap_bases(), M=m, N=n, tiles=tiles, parity_stride=cs, rank=ctx.rank,
+                     WORLD=w, PEERS=_pow2(w), BM=bm, BN=bn, GROUP_M=cfg.swizzle_size,
+                     DIST=cfg.all_reduce_distribution, OP=op.value, IS_FLOAT=inp.dtype.is_floating_point,
+                     SPIN=cfg.spin_limit)
 
     def _plan_pull(self, mode, out, inp, op, cfg, src=0):
         self._ready()

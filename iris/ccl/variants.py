@@ -1,7 +1,8 @@
 """Kernels of the all_reduce variants that accumulate into one buffer on every rank (atomic: remote
 atomic adds; spinlock: a lock per block around a remote read-modify-write), the ring all_reduce,
-and the push all_gather (persistent: each program stores its range into every rank; partitioned:
-the programs are split by destination rank).
+the push all_gather (persistent: each program stores its range into every rank; partitioned: the
+programs are split by destination rank), and the reduce_scatter of Iris's layout (out shaped as
+inp, each rank's tiles reduced).
 
 The same flag discipline as kernels.py: per-program epochs on the device, flags that only grow (the
 ring's 0/1 handshake returns to 0 by itself), and a program waits only for the program of the same
@@ -233,3 +234,74 @@ def gather_push_kernel(inp, out, stage, flags, counters, heap_bases, n, per, ran
                     o = q * n + s + ar
                     mask = s + ar < hi
                     tl.store(out + o, tl.load(stage + o, mask=mask), mask=mask)
+
+
+@triton.jit
+def _tile_of(k, tiles, x, WORLD: tl.constexpr, DIST: tl.constexpr):
+    """Tile id of the k-th tile that rank x owns (DIST 0: tiles x, x + WORLD, ...; 1: a contiguous run of
+    cdiv(tiles, WORLD)), or -1 past the end of its share."""
+    if DIST == 0:
+        t = x + k * WORLD
+    else:
+        t = x * tl.cdiv(tiles, WORLD) + k
+        t = tl.where(k < tl.cdiv(tiles, WORLD), t, tiles)
+    return tl.where(t < tiles, t, -1)
+
+
+@triton.jit
+def _tile_offsets(t, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Element offsets and mask of tile t of a row-major (M, N) tensor, tiles ordered in groups of GROUP_M
+    tile rows (Iris's swizzle)."""
+    grid_m = tl.cdiv(M, BM)
+    grid_n = tl.cdiv(N, BN)
+    in_group = GROUP_M * grid_n
+    first_m = (t // in_group) * GROUP_M
+    rows = tl.minimum(grid_m - first_m, GROUP_M)
+    pm = first_m + (t % in_group) % rows
+    pn = (t % in_group) // rows
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    return rm[:, None] * N + rn[None, :], (rm[:, None] < M) & (rn[None, :] < N)
+
+
+@triton.jit
+def tile_reduce_scatter_kernel(inp, out, stage, flags, counters, heap_bases, M, N, tiles, parity_stride, rank,
+                               WORLD: tl.constexpr, PEERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                               GROUP_M: tl.constexpr, DIST: tl.constexpr, OP: tl.constexpr,
+                               IS_FLOAT: tl.constexpr, SPIN: tl.constexpr):
+    """reduce_scatter with out shaped as inp (M, N): rank r's tiles (BM x BN, Iris's swizzled order, dealt
+    by DIST as Config.all_reduce_distribution) of out get the reduction over every rank of those tiles
+    of inp; out's other elements are left as they were. Program p stages, for every rank x, the tiles
+    p, p + P, ... of x's share (so what any rank's program p reads was staged by the peers' program
+    p), exchanges once, then reduces its tiles of this rank's share from every rank's stage in rank
+    order (floats in fp32). The stage is double-buffered by epoch parity (parity_stride apart), as in
+    pull_kernel, so one exchange per call is enough."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    e = _epoch(counters, pid)
+    buf = stage + (e % 2) * parity_stride
+    mine = tl.load(heap_bases + rank)
+    share = tl.cdiv(tiles, WORLD)  # the most tiles a rank owns, either way
+    for x in tl.static_range(WORLD):
+        for k in range(pid, share, programs):
+            t = _tile_of(k, tiles, x, WORLD, DIST)
+            if t >= 0:
+                o, mask = _tile_offsets(t, M, N, BM, BN, GROUP_M)
+                tl.store(buf + o, tl.load(inp + o, mask=mask), mask=mask)
+    peers = tl.arange(0, PEERS)
+    live = (peers < WORLD) & (peers != rank)
+    _signal_wait(flags + pid * WORLD, e, rank, heap_bases, live, live, PEERS, SPIN)
+    for k in range(pid, share, programs):
+        t = _tile_of(k, tiles, rank, WORLD, DIST)
+        if t >= 0:
+            o, mask = _tile_offsets(t, M, N, BM, BN, GROUP_M)
+            acc = tl.load(buf + _peer_offset(heap_bases, 0, mine, VEC) + o, mask=mask)
+            if IS_FLOAT:
+                acc = acc.to(tl.float32)
+            for q in tl.static_range(1, WORLD):
+                y = tl.load(buf + _peer_offset(heap_bases, q, mine, VEC) + o, mask=mask)
+                if IS_FLOAT:
+                    y = y.to(tl.float32)
+                acc = _combine(acc, y, OP)
+            tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
