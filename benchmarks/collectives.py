@@ -219,7 +219,7 @@ def move_rows(ctx, timer, sizes, gpu):
 def host_costs(ctx, timer, gpu):
     """Where eager time goes: host microseconds per call (perf_counter over back-to-back calls, one
     sync at the end) of a 1 KiB all_reduce through ctx.ccl, of the same kernel launched through
-    Triton's JIT (kernel[grid](...): the control for iris.launch.Launcher), and of torch copy_."""
+    Triton's JIT (kernel[grid](...): the control for iris.ccl.launch.Launcher), and of torch copy_."""
     import time
     x = torch.randn(512, device=ctx.device).to(torch.bfloat16)
     y = torch.empty_like(x)

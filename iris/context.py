@@ -15,7 +15,7 @@ from .allocators import ALLOCATORS
 from .allocators.offsets import round_up
 from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
-from .host_collectives import broadcast, covers_job
+from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .heap import SymmetricHeap
 from .platform import get_driver

@@ -137,7 +137,7 @@ def test_matmul_world_one_transposed_and_odd():
 
 def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     """The same tensors called again and again with new data: from the third call on, ops replay a
-    captured graph (iris/launch.py; the streamed variant's whole sequence, iris/ops/streamed.py),
+    captured graph (iris/ccl/launch.py; the streamed variant's whole sequence, iris/ops/streamed.py),
     which must read the new data and advance its epochs."""
     ctx = iris.iris(heap_size=1 << 28)
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()

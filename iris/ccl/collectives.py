@@ -5,7 +5,7 @@ group go to group_kernel.py's kernel instead, which allocates nothing on the hea
 A plan holds the heap workspace (staging buffers and flags), this rank's epoch counters and a
 Launcher of the compiled kernel with its grid and argument tuple, so a repeated call costs a cache
 lookup and a direct launch, and a call repeated on the same tensors replays a one-kernel CUDA graph
-(iris/launch.py: about 3 us of host time where a launch costs 11). Building a plan allocates on the heap and ends with a barrier, so the
+(iris/ccl/launch.py: about 3 us of host time where a launch costs 11). Building a plan allocates on the heap and ends with a barrier, so the
 FIRST call of a new (collective, shape, dtype, op, config) is collective on all ranks and must run
 outside CUDA graph capture (all_reduce_preamble builds one ahead of time). Later calls synchronise on
 the device only and can be captured and replayed.
@@ -18,8 +18,8 @@ import torch
 
 from ..allocators.offsets import round_up
 from ..errors import IrisError
-from ..host_collectives import group_ranks
-from ..launch import Launcher
+from ..distributed.host_collectives import group_ranks
+from .launch import Launcher
 from .config import Config, ReduceOp
 from .group_kernel import group_kernel
 from .kernels import pull_kernel, push_kernel, two_shot_kernel

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import Launcher
+from ..ccl.launch import Launcher
 from .config import FusedConfig
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -162,7 +162,7 @@ def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None) 
 def launch(ws: dict, kernel, tensors: tuple, build) -> None:
     """kernel[grid](*args, **kw) with (grid, args, kw) = build(), remembered in ws while the same tensors
     (addresses and strides) come back: an eager call then skips rebuilding descriptors and arguments,
-    and launches through iris.launch.Launcher (direct, then a replayed graph). The remembered arguments
+    and launches through iris.ccl.launch.Launcher (direct, then a replayed graph). The remembered arguments
     keep those tensors alive until other ones are passed."""
     key = tuple((t.data_ptr(), t.stride()) for t in tensors)
     plan = ws.get("plan")

@@ -14,9 +14,9 @@ import sys
 from contextlib import ExitStack
 from importlib import metadata
 
-from .errors import DriverError
+from ..errors import DriverError
 from .nvml_links import nvml_links
-from .platform import PLATFORMS, detect, get_driver
+from ..platform import PLATFORMS, detect, get_driver
 
 # distribution name -> what it is for; versions come from metadata, so nothing is imported for them
 LIBRARIES = {
@@ -284,7 +284,7 @@ def _environment_section(r: Report) -> None:
     keys = ("IRIS_PLATFORM", "IRIS_ALLOCATOR", "IRIS_TIMEOUT", "IRIS_CHECK_SYMMETRY", "TRITON_INTERPRET",
             "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
     r.data["environment"] = {k: os.environ[k] for k in keys if k in os.environ}
-    from .allocators import ALLOCATORS
+    from ..allocators import ALLOCATORS
     name = os.environ.get("IRIS_ALLOCATOR")
     if name and name not in ALLOCATORS:
         r.problem(f"IRIS_ALLOCATOR={name!r} is not an allocator", f"set it to one of {sorted(ALLOCATORS)} or unset it")
@@ -296,7 +296,7 @@ def _environment_section(r: Report) -> None:
             ok = False
         if not ok:
             r.problem(f"IRIS_TIMEOUT={timeout!r} is not a positive number of seconds", "e.g. export IRIS_TIMEOUT=120")
-    from .heap.symmetry import mode_from_env
+    from ..heap.symmetry import mode_from_env
     try:
         mode_from_env()
     except ValueError as e:

@@ -72,7 +72,7 @@ class _Graphs:
     def __init__(self, device: int):
         from cuda.bindings import driver as cu
 
-        from .platform.cuda import _check
+        from ..platform.cuda import _check
         self.cu, self.check, self.device = cu, _check, device
         self.stream = torch.cuda.Stream(device)
         self.execs = OrderedDict()  # key -> CUgraphExec
