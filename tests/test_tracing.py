@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -218,66 +217,20 @@ def test_iris_trace_draws_png(tmp_path):
 
 
 # -- no cost without tracing --------------------------------------------------------------------------
-_COMPILE = textwrap.dedent('''
-    import os, sys, json, subprocess, tempfile
-    os.environ["TRITON_INTERPRET"] = "0"
-    import triton, triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    import iris
-
-    @triton.jit
-    def with_context(context, buf, out, flags, n, rank: tl.constexpr, world: tl.constexpr, BLOCK: tl.constexpr):
-        ctx = iris.DeviceContext.initialize(context, rank, world)
-        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = o < n
-        peer = (rank + 1) % world
-        x = ctx.load(buf + o, peer, mask=m)
-        ctx.store(buf + o, x + 1, peer, mask=m)
-        ctx.put(buf + o, out + o, peer, mask=m)
-        ctx.get(buf + o, out + o, peer, mask=m)
-        ctx.copy(buf + o, out + o, rank, peer, mask=m)
-        old = ctx.atomic_add(flags + o, 1, peer, mask=m, sem="release", scope="sys")
-        tl.store(out + o, old + ctx.atomic_cas(flags, 0, 1, peer), mask=m)
-
-    @triton.jit
-    def with_functions(context, buf, out, flags, n, rank: tl.constexpr, world: tl.constexpr, BLOCK: tl.constexpr):
-        hb = context + 2
-        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = o < n
-        peer = (rank + 1) % world
-        x = iris.load(buf + o, rank, peer, hb, mask=m)
-        iris.store(buf + o, x + 1, rank, peer, hb, mask=m)
-        iris.put(buf + o, out + o, rank, peer, hb, mask=m)
-        iris.get(buf + o, out + o, rank, peer, hb, mask=m)
-        iris.copy(buf + o, out + o, rank, peer, rank, hb, mask=m)
-        old = iris.atomic_add(flags + o, 1, rank, peer, hb, mask=m, sem="release", scope="sys")
-        tl.store(out + o, old + iris.atomic_cas(flags, 0, 1, rank, peer, hb), mask=m)
-
-    sig = {"context": "*i64", "buf": "*i32", "out": "*i32", "flags": "*i32", "n": "i32",
-           "rank": "constexpr", "world": "constexpr", "BLOCK": "constexpr"}
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    sass = []
-    for fn in (with_context, with_functions):
-        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={"rank": 0, "world": 2, "BLOCK": 128}),
-                           target=GPUTarget("cuda", 90, 32))
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(c.asm["cubin"]); f.flush()
-            text = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
-        sass.append([l.split("*/")[-1].strip() for l in text.splitlines() if "/*0" in l and ";" in l])
-    print(json.dumps(sass))
-''')
-
-
 def test_untraced_context_compiles_to_the_module_functions(tmp_path):
     """Tracing is a constexpr: ctx.load/store/put/get/copy/atomics of a context built without it
     compile (for sm_90, with the ptxas and nvdisasm Triton ships) to the same SASS as the module
-    functions they wrap."""
+    functions they wrap; benchmarks/tracing_cost.py compares them."""
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not all(os.path.exists(os.path.join(bindir, t)) for t in ("ptxas", "nvdisasm")):
         pytest.skip(f"Triton's NVIDIA tools (ptxas, nvdisasm) are not in {bindir}")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
-    p = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    with_context, with_functions = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(with_context) > 50 and with_context == with_functions
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "tracing_cost.py")
+    out = tmp_path / "tracing_cost.json"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    p = subprocess.run([sys.executable, script, "--sass-only", "--arch", "90", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    result = json.loads(out.read_text())["sass"]
+    assert result["identical"] and result["instructions_context"] > 100, result
+    assert result["instructions_context_traced"] > result["instructions_context"], "tracing=True records nothing?"
