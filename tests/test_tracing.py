@@ -67,7 +67,8 @@ def rank_main(directory):
         ctx.tracing.enable(max_events=3)  # too small: 8 events claimed, 3 kept
         _launch(ctx, bufs, True)
         small = ctx.tracing.export(os.path.join(directory, "small.json"))
-        return dict(rank=r, world=w, before_enable=before_enable, untraced=untraced, rows=rows, data=data,
+        on_gpu = ctx.get_device().type == "cuda"
+        return dict(rank=r, world=w, sms=ctx.get_cu_count() if on_gpu else 1, before_enable=before_enable, untraced=untraced, rows=rows, data=data,
                     ptrs=ptrs, exported=exported, after_reset=after_reset, small=small)
     finally:
         ctx.close()
@@ -118,7 +119,7 @@ def test_records_every_operation(traced):
                       "atomic_add": (peer, ptrs["flags"] + 4 * pid, 4, 0, 0),
                       "compute": (r, ptrs["out"] + 4 * pid * BLOCK, 4 * lanes, 7, 9)}[name]
             assert (row["target_rank"], row["address"], row["payload_bytes"], row["pid_m"], row["pid_n"]) == expect, row
-            assert row["cur_rank"] == r and row["sm_id"] == 0
+            assert row["cur_rank"] == r and 0 <= row["sm_id"] < res["sms"], row  # the interpreter: SM 0
             assert 0 < row["start_ns"] <= row["end_ns"], row
         assert seen == {(n, p): 1 for n in ("load", "store", "atomic_add", "compute") for p in (0, 1)}
         assert res["after_reset"] == 0
@@ -144,9 +145,10 @@ def test_export_per_rank_and_merged(traced):
     assert sorted({e["pid"] for e in events}) == [0, 1] and len(events) == 16
     assert min(e["ts"] for e in events) == 0
     assert [m["rank"] for m in merged["metadata"]["ranks"]] == [0, 1]
-    # on the host both ranks stamp with the host clock: offsets are ~0 and the order is kept
     for m in merged["metadata"]["ranks"]:
-        assert abs(m["clock_offset_ns"]) <= m["clock_uncertainty_ns"] + 1_000_000
+        assert 0 <= m["clock_uncertainty_ns"] < 10_000_000, m  # half a probe kernel's round trip
+        if m["device"].startswith("host"):  # the interpreter stamps with the host clock itself
+            assert abs(m["clock_offset_ns"]) <= m["clock_uncertainty_ns"] + 1_000_000, m
 
 
 def test_overflow_keeps_max_events_and_counts_the_rest(traced):
