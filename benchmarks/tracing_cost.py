@@ -125,11 +125,11 @@ def timing(n: int, reps: int, rounds: int) -> dict:
     for _ in range(rounds):  # interleaved, so every case sees the same clocks and load
         for name, case in cases.items():
             per_round[name].append(run(case))
-        ctx.tracing.enable(max_events=events_per_launch * reps)
+    ctx.tracing.enable(max_events=events_per_launch * reps)  # from here on the traced kernel records
+    for _ in range(rounds):
+        ctx.tracing.reset()
         per_round["context_tracing_enabled"].append(run(cases["context_tracing_compiled_not_enabled"]))
-        recorded = ctx.tracing.recorded()
-        ctx.tracing = type(ctx.tracing)(ctx)  # tracing off again: a fresh, not enabled, Tracing
-        ctx.get_device_context()[-3:] = ctx.tracing.slots()
+    recorded = ctx.tracing.recorded()
     ms = {name: statistics.median(v) for name, v in per_round.items()}
     result = {"n_int32": n, "block": block, "programs": grid[0], "ops_per_program": list(OPS), "reps": reps,
               "rounds": rounds, "median_ms_per_launch": ms, "rounds_ms": per_round,

@@ -1,5 +1,5 @@
-"""`iris trace trace.json`: draw a trace that ctx.tracing.export() wrote as a PNG timeline, one row
-per rank and SM, one colour per event kind, and print what it holds (events, bytes, time span).
+"""`iris trace trace.json`: draw a trace that ctx.tracing.export() wrote as a PNG timeline, one panel
+per rank and one row per SM, one colour per event kind, and print what it holds (events, bytes, time).
 Reads per-rank and merged files alike (any Chrome trace JSON with complete "X" events)."""
 from __future__ import annotations
 
@@ -28,42 +28,53 @@ def summary(events: list) -> list:
 
 
 def draw(events: list, output: Path, title: str) -> None:
-    """The timeline PNG: x is microseconds from the trace's origin, y one row per (rank, SM)."""
+    """The timeline PNG: one panel per rank (each on its own time axis, microseconds from that rank's
+    first event, so ranks that started apart stay readable), one row per SM, one colour per kind."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lanes = sorted({(e["pid"], e.get("tid", 0)) for e in events})
-    row_of = {lane: i for i, lane in enumerate(lanes)}
-    names = [n for n, *_ in summary(events)]
-    colours = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}
-    span = max((e["ts"] + e.get("dur", 0.0) for e in events), default=1.0) - min((e["ts"] for e in events),
-                                                                               default=0.0)
-    least = max(span, 1e-3) / 2000  # a zero-length event still shows as a sliver
-    bars = defaultdict(list)
-    instants = defaultdict(list)
+    kinds = summary(events)
+    colours = {name: plt.get_cmap("tab20")(i % 20) for i, (name, *_) in enumerate(kinds)}
+    origin = min(e["ts"] for e in events)
+    by_rank = defaultdict(list)
     for e in events:
-        lane = row_of[(e["pid"], e.get("tid", 0))]
-        if e["ph"] == "X":
-            bars[(lane, e["name"])].append((e["ts"], max(e.get("dur", 0.0), least)))
-        else:
-            instants[e["name"]].append((e["ts"], lane))
-    fig, ax = plt.subplots(figsize=(12, min(60, 1.5 + 0.28 * len(lanes))))
-    for (lane, name), spans in bars.items():
-        ax.broken_barh(spans, (lane - 0.4, 0.8), facecolors=colours[name], edgecolor="none")
-    for name, points in instants.items():
-        ax.scatter([t for t, _ in points], [lane for _, lane in points], marker="|", color=colours[name], s=60)
-    ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([f"rank {p} SM {t}" for p, t in lanes], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("time (microseconds from the first event)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
-    ax.legend(handles, [f"{n} ({c})" for n, c, *_ in summary(events)], fontsize=7, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        by_rank[e["pid"]].append(e)
+    heights = [min(8.0, max(1.6, 0.9 + 0.07 * len({e.get("tid", 0) for e in evs}))) for evs in by_rank.values()]
+    fig, axes = plt.subplots(len(by_rank), 1, figsize=(12, sum(heights) + 0.6), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (rank, evs) in zip(axes[:, 0], sorted(by_rank.items())):
+        start = min(e["ts"] for e in evs)
+        span = max(e["ts"] + e.get("dur", 0.0) for e in evs) - start
+        least = max(span, 1e-3) / 1500  # a zero-length event still shows as a sliver
+        sms = sorted({e.get("tid", 0) for e in evs})
+        row = {sm: i for i, sm in enumerate(sms)}
+        bars, instants = defaultdict(list), defaultdict(list)
+        for e in evs:
+            y, t = row[e.get("tid", 0)], e["ts"] - start
+            if e["ph"] == "X":
+                bars[(y, e["name"])].append((t, max(e.get("dur", 0.0), least)))
+            else:
+                instants[e["name"]].append((t, y))
+        for (y, name), spans in bars.items():
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colours[name], edgecolor="none")
+        for name, points in instants.items():
+            ax.scatter([t for t, _ in points], [y for _, y in points], marker="|", color=colours[name], s=40)
+        step = max(1, len(sms) // 16)
+        ax.set_yticks(range(0, len(sms), step))
+        ax.set_yticklabels([f"SM {sm}" for sm in sms[::step]], fontsize=7)
+        ax.set_ylim(len(sms) - 0.5, -0.5)
+        ax.set_xlim(-span * 0.01, span * 1.01 + 1e-3)
+        ax.set_title(f"rank {rank}: {len(evs)} events on {len(sms)} SM(s), from +{start - origin:.3f} us, "
+                     f"over {span:.3f} us", fontsize=8, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("microseconds from the rank's first event")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[name]) for name, *_ in kinds]
+    axes[0, 0].legend(handles, [f"{name} ({count})" for name, count, *_ in kinds], fontsize=7, loc="upper left",
+                      bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(output, dpi=120)
+    fig.savefig(output, dpi=110)
     plt.close(fig)
 
 
