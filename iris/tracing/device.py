@@ -1,7 +1,8 @@
 """DeviceTracing: what a kernel's DeviceContext records when it is built with tracing=True.
 
 One event is one row of the records table (int64, FIELDS wide), claimed with an atomic on the
-counter; rows past max_events are counted but not written. Times are NVIDIA's %globaltimer
+counter; rows past max_events are counted but not written. Until the host enables tracing,
+max_events is 0 and a kernel compiled with tracing=True touches nothing. Times are NVIDIA's %globaltimer
 (nanoseconds, one clock per GPU) and the SM is %smid. Under the interpreter (the host driver) the
 clock is the host's time.time_ns() and the SM is 0: programs run one after another there, so a
 host trace shows order and host-side durations, not GPU timing.
@@ -105,22 +106,24 @@ class DeviceTracing:
         bytes). Returns the handle for record_event_end; a no-op returning -1 without tracing."""
         handle = -1
         if self.enabled:
-            handle = tl.atomic_add(self.counter, 1, sem="relaxed")
-            start = _clock()
-            sm = _sm_id()
-            row = self.records + handle.to(tl.int64) * WIDTH
-            if (handle >= 0) & (handle < self.max_events):
-                tl.store(row + EVENT, event_id)
-                tl.store(row + PROGRAM, tl.program_id(0))
-                tl.store(row + PID_M, pid_m)
-                tl.store(row + PID_N, pid_n)
-                tl.store(row + CUR, self.rank)
-                tl.store(row + TARGET, target_rank)
-                tl.store(row + SM, sm)
-                tl.store(row + START, start)
-                tl.store(row + END, 0)
-                tl.store(row + ADDRESS, _lowest(address))
-                tl.store(row + PAYLOAD, _payload_bytes(address, mask))
+            handle = tl.full((), -1, tl.int32)
+            if self.max_events > 0:  # 0: the host has not called ctx.tracing.enable(), nothing to touch
+                handle = tl.atomic_add(self.counter, 1, sem="relaxed")
+                start = _clock()
+                sm = _sm_id()
+                row = self.records + handle.to(tl.int64) * WIDTH
+                if (handle >= 0) & (handle < self.max_events):
+                    tl.store(row + EVENT, event_id)
+                    tl.store(row + PROGRAM, tl.program_id(0))
+                    tl.store(row + PID_M, pid_m)
+                    tl.store(row + PID_N, pid_n)
+                    tl.store(row + CUR, self.rank)
+                    tl.store(row + TARGET, target_rank)
+                    tl.store(row + SM, sm)
+                    tl.store(row + START, start)
+                    tl.store(row + END, 0)
+                    tl.store(row + ADDRESS, _lowest(address))
+                    tl.store(row + PAYLOAD, _payload_bytes(address, mask))
         return handle
 
     @triton.jit

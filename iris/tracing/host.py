@@ -32,13 +32,13 @@ class Tracing:
         self.enabled = False
         self.max_events = 0
         self.records = None
-        self.counter = torch.zeros(1, dtype=torch.int32, device=ctx.device)  # counts, writes nothing, until enable()
+        self.counter = None
 
     def slots(self) -> torch.Tensor:
-        """The context tensor's trace slots: max_events, counter address, records address."""
-        records = self.records.data_ptr() if self.records is not None else self.counter.data_ptr()
-        return torch.tensor([self.max_events, self.counter.data_ptr(), records], dtype=torch.int64,
-                            device=self._ctx.device)
+        """The context tensor's trace slots: max_events, counter address, records address (zeros
+        until enable(): kernels then record nothing)."""
+        values = [self.max_events, self.counter.data_ptr(), self.records.data_ptr()] if self.enabled else [0, 0, 0]
+        return torch.tensor(values, dtype=torch.int64, device=self._ctx.device)
 
     def enable(self, max_events: int = 1_000_000) -> None:
         """Allocate room for max_events events (FIELDS int64s each) and start recording from kernels
@@ -47,8 +47,8 @@ class Tracing:
             raise ValueError(f"tracing.enable(max_events={max_events!r}): max_events must be an int in "
                              f"[1, {_MAX_EVENTS}]; e.g. tracing.enable(max_events=1_000_000)")
         records = torch.zeros((max_events, len(FIELDS)), dtype=torch.int64, device=self._ctx.device)
+        self.counter = torch.zeros(1, dtype=torch.int32, device=self._ctx.device)
         self.records, self.max_events, self.enabled = records, max_events, True
-        self.counter.zero_()
         self._ctx.get_device_context()[-3:] = self.slots()
         self._ctx.info(f"device tracing enabled: room for {max_events} events "
                        f"({records.numel() * records.element_size() >> 20} MiB)")
@@ -62,6 +62,8 @@ class Tracing:
 
     def recorded(self) -> int:
         """Events the kernels tried to record since enable()/reset() (more than max_events: some dropped)."""
+        if not self.enabled:
+            return 0
         self._synchronize()
         return int(self.counter.item())
 
