@@ -159,21 +159,28 @@ def test_overflow_keeps_max_events_and_counts_the_rest(traced):
         assert small["metadata"]["dropped_events"] == 5 and small["metadata"]["max_events"] == 3
 
 
-def _bad_enable(max_events):
+BAD_MAX_EVENTS = (0, -1, 2.5, True, 1 << 31)
+
+
+def _bad_enable():
     ctx = iris.iris(heap_size=1 << 20)
     try:
-        ctx.tracing.enable(max_events=max_events)
-    except ValueError as e:
-        return str(e), ctx.tracing.records is None
+        out = []
+        for bad in BAD_MAX_EVENTS:
+            try:
+                ctx.tracing.enable(max_events=bad)
+                out.append((bad, None, ctx.tracing.records is None))
+            except ValueError as e:
+                out.append((bad, str(e), ctx.tracing.records is None))
+        return out
     finally:
         ctx.close()
-    return None, None
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True, 1 << 31])
-def test_enable_rejects_bad_max_events(bad):
-    message, nothing_allocated = iris.spawn(_bad_enable, 1, args=(bad,))[0]
-    assert message and "max_events" in message and "1_000_000" in message and nothing_allocated
+def test_enable_rejects_bad_max_events():
+    """Each bad max_events raises naming the argument and a good value, before anything is allocated."""
+    for bad, message, nothing_allocated in iris.spawn(_bad_enable, 1)[0]:
+        assert message and "max_events" in message and "1_000_000" in message and nothing_allocated, bad
 
 
 # -- pure parts: JSON ----------------------------------------------------------------------------------
