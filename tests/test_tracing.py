@@ -68,8 +68,9 @@ def rank_main(directory):
         _launch(ctx, bufs, True)
         small = ctx.tracing.export(os.path.join(directory, "small.json"))
         on_gpu = ctx.get_device().type == "cuda"
-        return dict(rank=r, world=w, sms=ctx.get_cu_count() if on_gpu else 1, before_enable=before_enable, untraced=untraced, rows=rows, data=data,
-                    ptrs=ptrs, exported=exported, after_reset=after_reset, small=small)
+        return dict(rank=r, world=w, sms=ctx.get_cu_count() if on_gpu else 1, before_enable=before_enable,
+                    untraced=untraced, rows=rows, data=data, ptrs=ptrs, exported=exported, after_reset=after_reset,
+                    small=small)
     finally:
         ctx.close()
 
