@@ -17,11 +17,12 @@ from .distributed import launch, spawn  # noqa: E402
 from .device import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_sub,  # noqa: E402
                      atomic_xchg, atomic_xor, barrier_kernel, copy, get, load, put, signal, store, translate, wait)
 from .device.context import DeviceContext  # noqa: E402
+from .tracing import TraceEvent  # noqa: E402
 from .errors import (BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory, IrisError,  # noqa: E402
                      SymmetryError)
 
 __all__ = ["BootstrapError", "CaptureError", "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR",
-           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "WARNING", "atomic_add",
+           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",
            "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub", "atomic_xchg",
            "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger", "put",
            "set_logger_level", "signal", "spawn", "store", "translate", "wait"]

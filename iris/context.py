@@ -158,13 +158,20 @@ class Iris:
         return self.heap.alloc.capacity
 
     def get_device_context(self) -> torch.Tensor:
-        """int64 tensor [rank, world, heap_base_0, ...] on the heap's device, for
-        iris.DeviceContext.initialize(context, rank, world_size) in a kernel. Built once: a CUDA
-        graph that captured a kernel taking it stays valid."""
+        """int64 tensor [rank, world, heap_base_0, ..., 3 trace slots] on the heap's device, for
+        iris.DeviceContext.initialize(context, rank, world_size) in a kernel. Built once (tracing
+        updates its slots in place): a CUDA graph that captured a kernel taking it stays valid."""
         if self._device_context is None:
             self._device_context = torch.cat([torch.tensor([self.rank, self.world], dtype=torch.int64,
-                                                           device=self.device), self.heap.heap_bases])
+                                                           device=self.device), self.heap.heap_bases,
+                                              self.tracing.slots()])
         return self._device_context
+
+    @cached_property
+    def tracing(self):
+        """Device-side event tracing (iris.tracing.Tracing): enable(max_events), reset(), export(filename, merge)."""
+        from .tracing import Tracing
+        return Tracing(self)
 
     # -- logging, tagged with this rank ------------------------------------
     def debug(self, message) -> None:

@@ -1,4 +1,4 @@
-"""`iris` / `python -m iris`: info, bench and run, the commands a user reaches for first.
+"""`iris` / `python -m iris`: info, bench, run and trace, the commands a user reaches for first.
 
 COMMANDS names each command's module; it is imported only when that command runs, so `iris run`
 never loads bench's or info's dependencies.
@@ -10,6 +10,7 @@ COMMANDS = {
     "info": ("iris.cli.info", "what iris would run on here (platform, devices, links, VMM, versions); --json"),
     "bench": ("iris.cli.bench", "run the source tree's benchmarks/ and compare iris with its references"),
     "run": ("iris.cli.run", "launch a script as N ranks: iris run -n 2 script.py [args...]"),
+    "trace": ("iris.cli.trace", "draw a trace from ctx.tracing.export() as a PNG timeline per rank and SM"),
 }
 
 
