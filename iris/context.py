@@ -76,7 +76,10 @@ class Iris:
         self.rank, self.world = self.group.rank, self.group.world
         alloc = None
         try:
-            index = self.rank % self.driver.device_count()
+            if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
+                self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
+                                            "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
+            index = self.group.local_rank % self.driver.device_count()
             self.driver.set_device(index)
             if self.driver.torch_device == "cpu":
                 self.device = torch.device("cpu")

@@ -41,3 +41,7 @@ class CaptureError(IrisError, RuntimeError):
 
 class ContextClosed(IrisError, RuntimeError):
     """A call on a context after close()."""
+
+
+class SpansHostsError(IrisError, RuntimeError):
+    """The job's ranks are on several hosts, and what was asked works within one host."""
