@@ -17,7 +17,7 @@ from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
-from .heap import SymmetricHeap
+from .heap import SymmetricHeap, reach
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
 
@@ -43,6 +43,13 @@ def _shape(size) -> torch.Size:
         if s >= 1 << 63:
             raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
     return torch.Size(size)
+
+
+def _use_nvshmem_device_api(device: torch.device) -> None:
+    from .device import indirect, nvshmem
+    major, minor = torch.cuda.get_device_capability(device)
+    nvshmem.enable(10 * major + minor)
+    indirect.use_indirect_peers()
 
 
 def _check_heap_size(heap_size) -> int:
@@ -79,6 +86,9 @@ class Iris:
             if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
                 self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
                                             "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
+                if reach.forced(self.world):
+                    raise IrisError(f"IRIS_INDIRECT_PEERS={os.environ['IRIS_INDIRECT_PEERS']} asks for indirect peers, "
+                                    f"which only allocator='nvshmem' reaches; allocator={name!r} maps every peer")
             index = self.group.local_rank % self.driver.device_count()
             self.driver.set_device(index)
             if self.driver.torch_device == "cpu":
@@ -88,13 +98,14 @@ class Iris:
                 self.device = torch.device("cuda", index)
             reserve = _internal_bytes(self.world)
             total, self._reserve = heap_size + reserve, reserve
-            alloc = (ALLOCATORS[name](self.driver, total) if name == "vmem"
-                     else ALLOCATORS[name](self.driver, total, self.device))
+            alloc = ALLOCATORS[name](self.driver, total, self.device, self.group)
             alloc.reserved = reserve
-            if name == "vmem" and heap_size % alloc.chunk:
-                warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.chunk}-byte chunk: rounded up; "
-                              f"the heap holds {alloc.size - reserve} bytes", stacklevel=2)
+            if heap_size % alloc.granularity:
+                warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.granularity}-byte chunk of the "
+                              f"{name} allocator: rounded up; the heap holds {alloc.size - reserve} bytes", stacklevel=2)
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
+            if 0 in self.heap.bases:  # an indirect peer: kernels compiled from now on reach it through NVSHMEM
+                _use_nvshmem_device_api(self.device)
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
             self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
             self._internal.zero_()
@@ -206,6 +217,9 @@ class Iris:
         Like t, it keeps the memory it covers mapped while it lives."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is not in [0, {self.world})")
+        if not self.heap.bases[rank]:
+            raise IrisError(f"rank {rank} is an indirect peer (another node, or named by IRIS_INDIRECT_PEERS): its "
+                            "memory is not mapped here; reach it from kernels (iris.get/iris.put) instead")
         return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:
@@ -447,7 +461,7 @@ class Iris:
         return self.heap.address(t), t.numel() * t.element_size(), t.dtype, tuple(t.shape)
 
     def _copy_in(self, t: torch.Tensor, copy: Optional[bool], call: str) -> torch.Tensor:
-        why = ("the torch allocator cannot map memory it did not allocate; use allocator='vmem'"
+        why = (f"the {self.allocator_name} allocator cannot map memory it did not allocate; use allocator='vmem'"
                if not self.heap.alloc.vmm else
                "its memory (on some rank) is not VMM-backed; on GPUs set "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch allocates it, on the host "
@@ -457,6 +471,34 @@ class Iris:
         if copy is None:
             warnings.warn(f"{call} copied {t.numel() * t.element_size()} bytes into the heap: {why}", stacklevel=3)
         return self._copied(t, None, False)
+
+    # -- allocations with their address maps (Iris's allocate_symmetric) ---
+    def allocate_symmetric(self, *size, dtype=None):
+        """(tensor, peer_bases): a new heap tensor and its int64 table on the heap's device, entry r
+        where rank r's copy sits in this process; a kernel translates with peer_bases[to] + (ptr -
+        peer_bases[me]), or passes the table in place of heap_bases. Raises if a peer is reachable
+        only through NVSHMEM (entry 0). Collective: all ranks, same order, same sizes."""
+        t, amap = self.allocate_symmetric_map(*size, dtype=dtype)
+        return t, amap.direct_table()
+
+    def allocate_symmetric_map(self, *size, dtype=None):
+        """(tensor, SymmetricAddressMap): as allocate_symmetric, with which peers are direct.
+        Collective: all ranks, same order, same sizes."""
+        t = self.empty(*size, dtype=dtype)
+        return t, self.symmetric_address_map(t)
+
+    def symmetric_address_map(self, t: torch.Tensor):
+        """The SymmetricAddressMap of the allocation t lies in (a view maps to its whole allocation,
+        so translation stays exact); KeyError if t is not in a live allocation of this heap."""
+        from .experimental.symmetric_memory import address_map
+        if not isinstance(t, torch.Tensor) or not self.heap.contains(t):
+            raise KeyError("the tensor is not on this heap: allocate it with ctx.allocate_symmetric or a factory")
+        try:
+            block = self.heap.block_of(t)[0]
+        except ValueError as e:
+            raise KeyError(str(e)) from None
+        bases = [b + block.offset if b else 0 for b in self.heap.bases]
+        return address_map(bases, self.rank, self.world, bases[self.rank], block.nbytes, self.device)
 
     def load_safetensors(self, path, shard=None, names=None, **options) -> dict:
         """name -> heap tensor, read from a safetensors file, list of files or directory of shards

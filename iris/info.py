@@ -242,7 +242,9 @@ def _memory_section(r: Report, driver) -> None:
     # a VMM-backed torch block (expandable segments) is shared by its handles, as vmem shares chunks
     expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
     torch_ok = mem["torch_ipc"] == "works" or (expandable and vmem_ok)
-    mem["allocators"] = {"torch": torch_ok, "vmem": vmem_ok}
+    from .experimental.nvshmem_runtime import describe as nvshmem_line
+    mem["nvshmem"] = nvshmem_line()
+    mem["allocators"] = {"torch": torch_ok, "vmem": vmem_ok, "nvshmem": mem["nvshmem"].startswith("usable")}
     r.data["memory"] = mem
     if not (vmem_ok or torch_ok):
         r.problem(f"no allocator can share memory here: VMM {mem['vmm']}; fd export {mem['fd_export']}; "
@@ -346,6 +348,7 @@ def render(info: dict) -> str:
         row("VMM", f"{mem['vmm']}; POSIX fd export {mem['fd_export']}")
         row("granularity", _size(mem["granularity"]) if mem["granularity"] else "-")
         row("torch IPC", mem["torch_ipc"])
+        row("nvshmem", mem.get("nvshmem", "-"))
         row("allocators", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in mem["allocators"].items())
             + f" (default torch; IRIS_ALLOCATOR={os.environ.get('IRIS_ALLOCATOR', 'unset')})")
     libs = info.get("libraries", {})

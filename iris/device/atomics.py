@@ -36,8 +36,8 @@ def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.ADD, ptr, val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.ADD, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_add(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -51,8 +51,8 @@ def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.ADD, ptr, -val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.ADD, ptr, -val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_add(_at(ptr, from_rank, to_rank, heap_bases, hint), -val, mask=mask, sem=sem, scope=scope)
 
 
@@ -67,8 +67,8 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.CAS, ptr, val, cmp, to_rank, None, sem)
+        return _indirect.atomic(_indirect.CAS, ptr, val, cmp, from_rank, to_rank, heap_bases,
+                                None, sem, scope, hint)
     return tl.atomic_cas(_at(ptr, from_rank, to_rank, heap_bases, hint), cmp, val, sem=sem, scope=scope)
 
 
@@ -82,8 +82,8 @@ def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.con
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.XCHG, ptr, val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.XCHG, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_xchg(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -97,8 +97,8 @@ def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.AND, ptr, val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.AND, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_and(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -112,8 +112,8 @@ def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.const
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.OR, ptr, val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.OR, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_or(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -127,8 +127,8 @@ def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.XOR, ptr, val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.XOR, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_xor(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -142,8 +142,8 @@ def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.MIN, ptr, val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.MIN, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_min(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -157,6 +157,6 @@ def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.MAX, ptr, val, None, to_rank, mask, sem)
+        return _indirect.atomic(_indirect.MAX, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_max(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)

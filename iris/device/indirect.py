@@ -1,9 +1,11 @@
 """Device functions for peers that loads and stores cannot reach (heap_bases entry 0): through NVSHMEM.
 
-rma, atomics and sync call these only where INDIRECT_PEERS is set, and only for a peer whose
-heap_bases entry is 0; every other peer takes their own code. INDIRECT_PEERS is a constexpr that
-Triton folds: where it is False (a job without indirect peers) these functions are not in the
-kernel and no NVSHMEM code is linked. It is read from IRIS_INDIRECT_PEERS when iris is imported,
+rma, atomics and sync hand their calls here only where INDIRECT_PEERS is set; each function takes
+the same arguments, reaches a peer whose heap_bases entry is 0 through NVSHMEM and any other peer
+with the same loads, stores and atomics as rma, atomics and sync (structured if/else: Triton 3.6
+cannot lower an early return from a run-time branch inside a loop). INDIRECT_PEERS is a constexpr
+that Triton folds: where it is False (a job without indirect peers) none of this is in the kernel
+and no NVSHMEM code is linked. It is read from IRIS_INDIRECT_PEERS when iris is imported,
 and set by the context when its heap has an indirect peer; in a process, set it before the first
 kernel compiles (Triton refuses a global that changed under a compiled kernel).
 
@@ -21,6 +23,8 @@ import triton
 import triton.language as tl
 
 from . import nvshmem as nv
+from . import rma as _rma  # a cycle: rma imports this module; both are complete before any kernel compiles
+from .translate import _translate
 
 INDIRECT_PEERS: tl.constexpr = tl.constexpr(os.environ.get("IRIS_INDIRECT_PEERS", "").strip() not in ("", "none"))
 # atomic operations: NVSHMEM's codes where it has the operation, then the two it lacks
@@ -92,7 +96,7 @@ def _span(a, b, m):
 
 
 @triton.jit
-def load(ptr, pe, mask, other):
+def _load_far(ptr, pe, mask, other):
     """The values at ptr (the caller's view) on PE pe, element by element; other where masked."""
     m = _mask(ptr, mask)
     if other is None:
@@ -104,7 +108,7 @@ def load(ptr, pe, mask, other):
 
 
 @triton.jit
-def store(ptr, value, pe, mask):
+def _store_far(ptr, value, pe, mask):
     """Writes value at ptr (the caller's view) on PE pe, element by element."""
     m = _mask(ptr, mask)
     v = (tl.zeros(ptr.shape, ptr.dtype.element_ty) + value).to(ptr.dtype.element_ty)
@@ -112,51 +116,101 @@ def store(ptr, value, pe, mask):
 
 
 @triton.jit
-def put(src, dst, pe, mask, other):
+def _put_far(src, dst, pe, mask, other):
     """The caller's src into dst (the caller's view of the heap) on PE pe."""
     m = _mask(dst, mask)
     if len(dst.shape) == 0:
-        store(dst, tl.load(src, mask=m, other=other), pe, m)
+        _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
     else:
         whole, s0, d0, nbytes = _span(src, dst, m)
         if whole:
             nv.putmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
         else:
-            store(dst, tl.load(src, mask=m, other=other), pe, m)
+            _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
 
 
 @triton.jit
-def get(src, dst, pe, mask, other):
+def _get_far(src, dst, pe, mask, other):
     """src (the caller's view of the heap) on PE pe into the caller's dst."""
     m = _mask(dst, mask)
     if len(dst.shape) == 0:
-        tl.store(dst, load(src, pe, m, other), mask=m)
+        tl.store(dst, _load_far(src, pe, m, other), mask=m)
     else:
         whole, s0, d0, nbytes = _span(src, dst, m)
         if whole:
             nv.getmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
         else:
-            tl.store(dst, load(src, pe, m, other), mask=m)
+            tl.store(dst, _load_far(src, pe, m, other), mask=m)
 
 
 @triton.jit
-def copy(src, dst, from_rank, to_rank, cur_rank, heap_bases, mask, other):
-    """rma.copy where from_rank or to_rank is indirect (pointers in cur_rank's view)."""
-    if from_rank == cur_rank:
-        put(src, dst, to_rank, mask, other)
-    elif to_rank == cur_rank:
-        get(src, dst, from_rank, mask, other)
+def load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr,
+         hint: tl.constexpr, eviction_policy: tl.constexpr):
+    """rma.load, with from_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, from_rank):
+        out = _load_far(ptr, from_rank, mask, other)
     else:
-        if far(heap_bases, from_rank):
-            data = load(src, from_rank, mask, other)
+        out = _rma._load(_rma._hint(_translate(ptr, to_rank, from_rank, heap_bases), hint), mask, other,
+                         cache_modifier, volatile, eviction_policy)
+    return out
+
+
+@triton.jit
+def store(ptr, value, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, cache_modifier: tl.constexpr,
+          eviction_policy: tl.constexpr):
+    """rma.store, with to_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, to_rank):
+        _store_far(ptr, value, to_rank, mask)
+    else:
+        tl.store(_rma._hint(_translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                 cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+
+
+@triton.jit
+def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier: tl.constexpr,
+        store_cache_modifier: tl.constexpr, hint: tl.constexpr):
+    """rma.get, with from_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, from_rank):
+        _get_far(from_ptr, to_ptr, from_rank, mask, other)
+    else:
+        data = tl.load(_rma._hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask,
+                       other=other, cache_modifier=load_cache_modifier)
+        tl.store(_rma._hint(to_ptr, hint), data, mask=mask, cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier: tl.constexpr,
+        store_cache_modifier: tl.constexpr, hint: tl.constexpr):
+    """rma.put, with to_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, to_rank):
+        _put_far(from_ptr, to_ptr, to_rank, mask, other)
+    else:
+        data = tl.load(_rma._hint(from_ptr, hint), mask=mask, other=other, cache_modifier=load_cache_modifier)
+        tl.store(_rma._hint(_translate(to_ptr, from_rank, to_rank, heap_bases), hint), data, mask=mask,
+                 cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other, load_cache_modifier: tl.constexpr,
+         store_cache_modifier: tl.constexpr, hint: tl.constexpr):
+    """rma.copy, with from_rank and to_rank each reached through NVSHMEM where indirect."""
+    src_far = far(heap_bases, from_rank)
+    dst_far = far(heap_bases, to_rank)
+    if src_far & (to_rank == cur_rank):
+        _get_far(src_ptr, dst_ptr, from_rank, mask, other)
+    elif dst_far & (from_rank == cur_rank):
+        _put_far(src_ptr, dst_ptr, to_rank, mask, other)
+    else:
+        if src_far:
+            data = _load_far(src_ptr, from_rank, mask, other)
         else:
-            delta = tl.load(heap_bases + from_rank) - tl.load(heap_bases + cur_rank)
-            data = tl.load((src.to(tl.int64) + delta).to(src.dtype), mask=mask, other=other)
-        if far(heap_bases, to_rank):
-            store(dst, data, to_rank, mask)
+            data = tl.load(_rma._hint(_translate(src_ptr, cur_rank, from_rank, heap_bases), hint), mask=mask,
+                           other=other, cache_modifier=load_cache_modifier)
+        if dst_far:
+            _store_far(dst_ptr, data, to_rank, mask)
         else:
-            delta = tl.load(heap_bases + to_rank) - tl.load(heap_bases + cur_rank)
-            tl.store((dst.to(tl.int64) + delta).to(dst.dtype), data, mask=mask)
+            tl.store(_rma._hint(_translate(dst_ptr, cur_rank, to_rank, heap_bases), hint), data, mask=mask,
+                     cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -205,7 +259,7 @@ def _one(OP: tl.constexpr, addr, val, cmp, pe, dtype: tl.constexpr):
 
 
 @triton.jit
-def atomic(OP: tl.constexpr, ptr, val, cmp, pe, mask, sem: tl.constexpr):
+def _atomic_far(OP: tl.constexpr, ptr, val, cmp, pe, mask, sem: tl.constexpr):
     """Atomic OP on PE pe at ptr (the caller's view); returns the old values, element by element.
     Masked-out elements are left alone and return 0."""
     dtype: tl.constexpr = ptr.dtype.element_ty
@@ -240,6 +294,65 @@ def atomic(OP: tl.constexpr, ptr, val, cmp, pe, mask, sem: tl.constexpr):
                 c = tl.sum(tl.where(here, cmps, 0), axis=None).to(dtype, bitcast=True)
                 out = tl.where(here, _one(OP, a, v, c, pe32, dtype), out)
     return out
+
+
+@triton.jit
+def _atomic_near(OP: tl.constexpr, p, val, cmp, mask, sem: tl.constexpr, scope: tl.constexpr):
+    if OP == ADD:
+        out = tl.atomic_add(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == CAS:
+        out = tl.atomic_cas(p, cmp, val, sem=sem, scope=scope)
+    elif OP == XCHG:
+        out = tl.atomic_xchg(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == AND:
+        out = tl.atomic_and(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == OR:
+        out = tl.atomic_or(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == XOR:
+        out = tl.atomic_xor(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == MIN:
+        out = tl.atomic_min(p, val, mask=mask, sem=sem, scope=scope)
+    else:
+        out = tl.atomic_max(p, val, mask=mask, sem=sem, scope=scope)
+    return out
+
+
+@triton.jit
+def atomic(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem: tl.constexpr,
+           scope: tl.constexpr, hint: tl.constexpr):
+    """The atomics of iris.device.atomics (OP: ADD .. MAX; cmp for CAS), with to_rank reached
+    through NVSHMEM where it is indirect."""
+    if far(heap_bases, to_rank):
+        out = _atomic_far(OP, ptr, val, cmp, to_rank, mask, sem)
+    else:
+        p = _rma._hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
+        out = _atomic_near(OP, p, val, cmp, mask, sem, scope).to(ptr.dtype.element_ty)  # cas: val's type
+    return out
+
+
+@triton.jit
+def signal(flag_ptr, value, from_rank, to_rank, heap_bases, ADD_IT: tl.constexpr, sem: tl.constexpr,
+           scope: tl.constexpr):
+    """sync.signal (ADD_IT: op="add", else set), with to_rank reached through NVSHMEM where indirect."""
+    if ADD_IT:
+        out = atomic(ADD, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None)
+    else:
+        out = atomic(XCHG, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None)
+    return out
+
+
+@triton.jit
+def wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP: tl.constexpr, sem: tl.constexpr,
+         scope: tl.constexpr):
+    """sync.wait, polling through NVSHMEM where to_rank is indirect."""
+    if far(heap_bases, to_rank):
+        cur = wait_far(flag_ptr, value, to_rank, CMP)
+    else:
+        p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
+        cur = tl.atomic_add(p, 0, sem=sem, scope=scope)
+        while _unmet(cur, value, CMP):
+            cur = tl.atomic_add(p, 0, sem=sem, scope=scope)
+    return cur
 
 
 @triton.jit

@@ -13,6 +13,7 @@ What matters:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import sysconfig
 
@@ -102,8 +103,11 @@ def enable(arch: int | None = None) -> str:
         from nvshmem import bindings  # noqa: F401
     except ImportError as e:
         raise NvshmemUnavailable(f"nvshmem4py is not importable ({e}): pip install 'iris[nvshmem]'") from None
-    from triton.runtime.cache import file_hash
-    digest = file_hash(path) + file_hash(_HELPERS)
+    digest = hashlib.sha256()
+    for f in (path, _HELPERS):
+        with open(f, "rb") as fh:
+            digest.update(fh.read())
+    digest = digest.hexdigest()
     previous = triton.knobs.runtime.add_stages_inspection_hook
 
     def hook(*args):

@@ -45,8 +45,8 @@ def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modif
     Returns the values read.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, from_rank):
-            return _indirect.load(ptr, from_rank, mask, other)
+        return _indirect.load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier, volatile, hint,
+                              eviction_policy)
     p = _hint(_translate(ptr, to_rank, from_rank, heap_bases), hint)
     return _load(p, mask, other, cache_modifier, volatile, eviction_policy)
 
@@ -61,8 +61,7 @@ def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.conste
     mask, cache_modifier, eviction_policy: as tl.store. hint: as for load.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.store(ptr, value, to_rank, mask)
+        return _indirect.store(ptr, value, from_rank, to_rank, heap_bases, mask, hint, cache_modifier, eviction_policy)
     p = _hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
     tl.store(p, value, mask=mask, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
 
@@ -80,8 +79,8 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask=None, other=None,
     tl.store. hint: as for load, applied to the remote pointer and to_ptr.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, from_rank):
-            return _indirect.get(from_ptr, to_ptr, from_rank, mask, other)
+        return _indirect.get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier,
+                             store_cache_modifier, hint)
     data = tl.load(_hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask, other=other,
                    cache_modifier=load_cache_modifier)
     tl.store(_hint(to_ptr, hint), data, mask=mask, cache_modifier=store_cache_modifier)
@@ -97,8 +96,8 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
     ctx.get_heap_bases(). mask, other, load_/store_cache_modifier, hint: as for get.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.put(from_ptr, to_ptr, to_rank, mask, other)
+        return _indirect.put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
+                             store_cache_modifier, hint)
     data = tl.load(_hint(from_ptr, hint), mask=mask, other=other, cache_modifier=load_cache_modifier)
     tl.store(_hint(_translate(to_ptr, from_rank, to_rank, heap_bases), hint), data, mask=mask,
              cache_modifier=store_cache_modifier)
@@ -114,8 +113,8 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
     ctx.get_heap_bases(). mask, other, load_/store_cache_modifier, hint: as for get.
     """
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, from_rank) | _indirect.far(heap_bases, to_rank):
-            return _indirect.copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other)
+        return _indirect.copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other,
+                              load_cache_modifier, store_cache_modifier, hint)
     data = tl.load(_hint(_translate(src_ptr, cur_rank, from_rank, heap_bases), hint), mask=mask, other=other,
                    cache_modifier=load_cache_modifier)
     tl.store(_hint(_translate(dst_ptr, cur_rank, to_rank, heap_bases), hint), data, mask=mask,

@@ -44,9 +44,7 @@ def signal(flag_ptr, value, from_rank, to_rank, heap_bases, op: tl.constexpr = N
     SCOPE: tl.constexpr = "sys" if scope is None else scope
     tl.static_assert(op is None or op == "set" or op == "add", "op must be 'set' or 'add'")
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.atomic(_indirect.ADD if op == "add" else _indirect.XCHG, flag_ptr, value, None, to_rank,
-                                    None, SEM)
+        return _indirect.signal(flag_ptr, value, from_rank, to_rank, heap_bases, op == "add", SEM, SCOPE)
     p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
     if op == "add":
         old = tl.atomic_add(p, value, sem=SEM, scope=SCOPE)
@@ -73,8 +71,7 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, cmp: tl.constexpr = No
     SEM: tl.constexpr = "acquire" if sem is None else sem
     SCOPE: tl.constexpr = "sys" if scope is None else scope
     if INDIRECT_PEERS:
-        if _indirect.far(heap_bases, to_rank):
-            return _indirect.wait_far(flag_ptr, value, to_rank, CMP)
+        return _indirect.wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP, SEM, SCOPE)
     p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
     cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
     while _unmet(cur, value, CMP):

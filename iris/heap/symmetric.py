@@ -11,6 +11,7 @@ from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryErro
 from ..allocators.sorted_ints import SortedInts
 from ..allocators.vmem import always
 from ..device.translate import bases_tensor
+from . import reach
 from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
@@ -53,6 +54,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                 for p in self.peers:
                     self._peer_va[p] = driver.reserve(self.size)
                     undo.callback(driver.free_va, self._peer_va[p], self.size)
+            elif hasattr(allocator, "peer_bases"):  # memory whose peers' copies its provider maps (NVSHMEM)
+                self._peer_va.update(reach.narrow(allocator.peer_bases(self.peers), self.rank, self.world))
             else:
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
@@ -222,6 +225,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         except (BootstrapError, OSError):
             pass  # a peer is gone: still release what this rank holds
         try:
+            if getattr(self.alloc, "free_is_collective", False) and self._held_anywhere():
+                self.alloc.keep()  # its free must be made by all ranks at once: not possible at each one's GC
             if self._alive:
                 self._teardown_pending = True
             else:
@@ -230,6 +235,13 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self.group.close()
         if diverged is not None:
             raise diverged
+
+    def _held_anywhere(self) -> bool:
+        """Whether any rank still holds a tensor over the heap (True where a peer cannot answer)."""
+        try:
+            return any(self.group.allgather(self._alive > 0, "close: tensors still held"))
+        except (BootstrapError, OSError):
+            return True
 
     def _teardown(self) -> None:
         try:
