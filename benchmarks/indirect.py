@@ -72,7 +72,7 @@ def main(argv=None) -> int:
             row = {"bytes": nbytes}
             for how, table in tables.items():
                 for op, put in (("put", True), ("get", False)):
-                    a, b = (src, dst) if put else (dst, src)
+                    a, b = src, dst  # put: my src into the peer's dst; get: the peer's src into my dst
                     t0 = time.perf_counter()
                     k = copy_kernel[grid](a, b, n, me, peer, table, BLOCK=BLOCK, PUT=put)
                     if compile_s is None:
@@ -93,10 +93,10 @@ def main(argv=None) -> int:
             rows.append(row)
             print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "GBps"},
                   flush=True)
-        # the last measurement was rank 0's get of rank 1's src: check every element once more per table
+        # every element of a get of the peer's whole src, through each table
         for how, table in tables.items():
             dst.fill_(-1.0)
-            copy_kernel[grid](dst, src, n_max, me, peer, table, BLOCK=BLOCK, PUT=False)
+            copy_kernel[grid](src, dst, n_max, me, peer, table, BLOCK=BLOCK, PUT=False)
             torch.cuda.synchronize()
             checks[f"{how}_get_exact"] = bool(torch.equal(dst, torch.arange(n_max, device=dev,
                                                                              dtype=torch.float32) + 1000 * peer))
