@@ -17,6 +17,7 @@ from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
+from .device import indirect as _indirect
 from .heap import SymmetricHeap, reach
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
@@ -104,7 +105,7 @@ class Iris:
                 warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.granularity}-byte chunk of the "
                               f"{name} allocator: rounded up; the heap holds {alloc.size - reserve} bytes", stacklevel=2)
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
-            if 0 in self.heap.bases:  # an indirect peer: kernels compiled from now on reach it through NVSHMEM
+            if 0 in self.heap.bases or _indirect.INDIRECT_PEERS:  # kernels compiled from now on carry NVSHMEM calls
                 _use_nvshmem_device_api(self.device)
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
             self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
