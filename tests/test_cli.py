@@ -45,7 +45,8 @@ def test_info_json():
     assert info["platform"]["name"] == "host" and "IRIS_PLATFORM" in info["platform"]["why"]
     assert info["memory"]["vmm"] == "works" and info["memory"]["fd_export"] == "works"
     assert info["memory"]["granularity"] == os.sysconf("SC_PAGE_SIZE")
-    assert info["memory"]["allocators"] == {"torch": True, "vmem": True}
+    assert info["memory"]["allocators"] == {"torch": True, "vmem": True,
+                                            "nvshmem": info["memory"]["nvshmem"].startswith("usable")}
     assert info["libraries"]["torch"] and info["libraries"]["triton"]
     assert info["devices"][0]["memory_bytes"] > 0
     assert info["launch"].startswith("python -m iris.run -n 2")

@@ -51,7 +51,7 @@ def test_bad_tables_raise_before_a_kernel_sees_them(bases, rank, base, direct, m
 
 def test_import_iris_loads_no_provider_package():
     code = ("import sys, iris, iris.experimental.symmetric_memory; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('nvshmem', 'cuda') "
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'nvshmem' or m.startswith('cuda.core') "
             "or m.startswith('torch.distributed._symmetric_memory')]; print(bad); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -58,7 +58,7 @@ class NvshmemProvider:
         index = torch.device(device).index if device is not None else None
         self._device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
         torch.cuda.set_device(self._device)
-        if runtime.status() not in runtime._UP:
+        if not runtime.initialized():
             group = None
             if bootstrap is None:  # iris's rendezvous: its launcher, torch.distributed or MPI, as iris.iris() finds them
                 from .. import distributed

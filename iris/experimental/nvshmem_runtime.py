@@ -39,14 +39,18 @@ def status() -> str:
     return b.Init_status(b.init_status()).name
 
 
+def initialized() -> bool:
+    """Whether NVSHMEM is initialised in this process (by anyone)."""
+    return status() in _UP
+
+
 def ensure_init(share: Callable[[Optional[bytes]], bytes], rank: int, world: int, device_index: int,
                 heap_bytes: int = 0) -> None:
     """Initialise NVSHMEM for this job unless the caller already did; either way check that its PE
     numbering is the job's. share(bytes on rank 0, None elsewhere) returns rank 0's bytes on every
     rank (the job's bootstrap: an iris group, torch.distributed, MPI). Collective: all ranks."""
     core, b = load()
-    up = status() in _UP
-    if not up:
+    if not initialized():
         import numpy as np
         from cuda.core import Device
         if heap_bytes:  # NVSHMEM reserves its heap at init; room for iris's piece and NVSHMEM's own use

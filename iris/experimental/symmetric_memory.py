@@ -6,7 +6,9 @@ What matters:
   shorter than the job (a kernel indexes it by rank and would read past its end).
 - Entry 0 means the peer is indirect (another node: reachable through NVSHMEM's device API, not
   by load and store). `direct_table` refuses such a table: translating through 0 writes anywhere.
-- Imports only torch (and iris's error tree), so no provider drags in another's dependency.
+- Imports only torch (and iris's own error tree and table layout), so no provider drags in another's
+  dependency. The table is laid out as heap_bases is, so IRIS_DEBUG=1 checks that every pointer a
+  device function translates lies inside this allocation.
 """
 from __future__ import annotations
 
@@ -69,5 +71,6 @@ def address_map(bases: Sequence[int], rank: int, world: int, base: int, nbytes: 
     if wild:
         raise AddressMapError(f"ranks {wild} are marked direct but their peer_bases entry is 0: a kernel would "
                               "write through a null pointer. Mark them indirect (direct=False)")
-    table = torch.tensor(bases, dtype=torch.int64, device=device)
+    from ..device.translate import bases_tensor  # iris's own layout: IRIS_DEBUG checks pointers against it
+    table = bases_tensor(bases, int(nbytes), device)
     return SymmetricAddressMap(table, rank, base, int(nbytes), direct)
