@@ -18,7 +18,8 @@ from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
-from .heap import SymmetricHeap
+from .device import indirect as _indirect
+from .heap import SymmetricHeap, reach
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
 
@@ -44,6 +45,13 @@ def _shape(size) -> torch.Size:
         if s >= 1 << 63:
             raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
     return torch.Size(size)
+
+
+def _use_nvshmem_device_api(device: torch.device) -> None:
+    from .device import indirect, nvshmem
+    major, minor = torch.cuda.get_device_capability(device)
+    nvshmem.enable(10 * major + minor)
+    indirect.use_indirect_peers()
 
 
 def _check_heap_size(heap_size) -> int:
@@ -78,7 +86,13 @@ class Iris:
         self.rank, self.world = self.group.rank, self.group.world
         alloc = None
         try:
-            index = self.rank % self.driver.device_count()
+            if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
+                self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
+                                            "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
+                if reach.forced(self.world):
+                    raise IrisError(f"IRIS_INDIRECT_PEERS={os.environ['IRIS_INDIRECT_PEERS']} asks for indirect peers, "
+                                    f"which only allocator='nvshmem' reaches; allocator={name!r} maps every peer")
+            index = self.group.local_rank % self.driver.device_count()
             self.driver.set_device(index)
             if self.driver.torch_device == "cpu":
                 self.device = torch.device("cpu")
@@ -93,6 +107,8 @@ class Iris:
                 warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.granularity}-byte chunk of the "
                               f"{name} allocator: rounded up; the heap holds {alloc.size - reserve} bytes", stacklevel=2)
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
+            if 0 in self.heap.bases or _indirect.INDIRECT_PEERS:  # kernels compiled from now on carry NVSHMEM calls
+                _use_nvshmem_device_api(self.device)
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
             self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
             self._internal.zero_()
@@ -208,6 +224,9 @@ class Iris:
         Like t, it keeps the memory it covers mapped while it lives."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is not in [0, {self.world})")
+        if not self.heap.bases[rank]:
+            raise IrisError(f"rank {rank} is an indirect peer (another node, or named by IRIS_INDIRECT_PEERS): its "
+                            "memory is not mapped here; reach it from kernels (iris.get/iris.put) instead")
         return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:

@@ -17,6 +17,7 @@ class NvshmemAllocator:
     tensor left over it (the heap agrees on that); otherwise it stays until NVSHMEM finalizes."""
 
     vmm = False
+    one_host = False  # peers on other hosts are reached through NVSHMEM's device API
     reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
     granularity = 1
     capacity = property(lambda self: self.size - self.reserved)

@@ -11,6 +11,7 @@ class TorchAllocator:
     """Peers open the block once through IPC; no collective and no driver call per allocation."""
 
     vmm = False
+    one_host = True  # peers open the block through IPC: the context refuses a job spanning hosts
     reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
     granularity = 1  # heap sizes are taken as asked
     capacity = property(lambda self: self.size - self.reserved)

@@ -35,6 +35,7 @@ class VMemAllocator:
     """
 
     vmm = True
+    one_host = True  # peers import chunks by fd: the context refuses a job spanning hosts
     reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
     capacity = property(lambda self: self.size - self.reserved)
 

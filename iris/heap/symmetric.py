@@ -11,6 +11,7 @@ from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryErro
 from ..allocators.sorted_ints import SortedInts
 from ..allocators.vmem import always
 from ..device.translate import bases_tensor
+from . import reach
 from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
@@ -54,7 +55,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                     self._peer_va[p] = driver.reserve(self.size)
                     undo.callback(driver.free_va, self._peer_va[p], self.size)
             elif hasattr(allocator, "peer_bases"):  # memory whose peers' copies its provider maps (NVSHMEM)
-                self._peer_va.update(allocator.peer_bases(self.peers))
+                self._peer_va.update(reach.narrow(allocator.peer_bases(self.peers), self.rank, self.world))
             else:
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
