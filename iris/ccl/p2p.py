@@ -67,7 +67,7 @@ def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
                               f"{tuple(dst_t.shape)} {dst_t.dtype} must have the same shape and dtype")
     on_heap(ccl, call, "recv tensor" if call == "sendrecv" else "tensor", dst_t,
             "the sender stores into the receiver's copy at its own offset")
-    if dst_t is not src_t:
+    if call == "sendrecv":
         if not src_t.is_contiguous():
             raise CollectiveError(f"{call}: send tensor must be contiguous; call .contiguous() first")
         if overlap(src_t, dst_t):
