@@ -160,22 +160,37 @@ class CCL:
         self._run("a2a", out, inp, ranks, config, tuple(inp.shape))
 
     def broadcast(self, out, inp=None, src=0, group=None, async_op=False, config=None):
-        """Two forms. Iris's, broadcast(tensor, src=0, group=None, ...): src's tensor onto every member's,
-        in place; src is a position in the group. iris's own, broadcast(out, inp, src=0, ...): out = rank
-        src's inp on every rank (inp is read on src only; out may be inp); src is a global rank, also
-        with a group (as torch.distributed.broadcast). Collective: all ranks (of the group), same order,
-        same sizes."""
-        if not isinstance(inp, torch.Tensor):
+        """out = rank src's inp on every rank (inp is read on src only; out may be inp). src is a global
+        rank, also with a group (as torch.distributed.broadcast). Iris's form, broadcast(tensor, src=0,
+        ...), is in place, and its src is a position in the group. Collective: all ranks (of the group),
+        same order, same sizes."""
+        ranks = self._group(group, "broadcast")[0]
+        if not isinstance(inp, torch.Tensor):  # Iris's form
             from .rooted import broadcast
             broadcast(self, out, inp, src, group, config)
             return
-        ranks = self._group(group, "broadcast")[0]
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
             raise CollectiveError(f"broadcast: src must be a rank in [0, {self.ctx.world}), got {src!r}")
         if ranks is not None and src not in ranks:
             raise CollectiveError(f"broadcast: src {src} is not in the group of ranks {list(ranks)}; src is a "
                                   "global rank, as in torch.distributed.broadcast")
         self._run("bc", out, inp, ranks, config, tuple(inp.shape), src=src)
+
+    def free(self) -> None:
+        """Gives every workspace back to the heap (the next call of each shape builds it again).
+        Collective: all ranks, at the same point of their calls."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        for plan in {id(p): p for p in self.plans.values()}.values():
+            for t in plan.workspace:
+                if self.ctx.is_symmetric(t):
+                    self.ctx.free(t)
+        self.plans, self._last_ar = {}, None
+
+    def forget(self) -> None:
+        """Drop every plan without freeing its workspace (the context is closing): a later call builds
+        its plan again, which raises ContextClosed."""
+        self.plans, self._last_ar = {}, None
 
     def reduce(self, out, inp=None, dst=0, op=None, group=None, async_op=False, config=None):
         """out on the rank at group position dst = every member's inp combined by op (None: sum; SUM, MAX,
@@ -231,22 +246,6 @@ class CCL:
         order."""
         from .p2p import barrier
         barrier(self, group)
-
-    def free(self) -> None:
-        """Gives every workspace back to the heap (the next call of each shape builds it again).
-        Collective: all ranks, at the same point of their calls."""
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
-        for plan in {id(p): p for p in self.plans.values()}.values():
-            for t in plan.workspace:
-                if self.ctx.is_symmetric(t):
-                    self.ctx.free(t)
-        self.plans, self._last_ar = {}, None
-
-    def forget(self) -> None:
-        """Drop every plan without freeing its workspace (the context is closing): a later call builds
-        its plan again, which raises ContextClosed."""
-        self.plans, self._last_ar = {}, None
 
     # -- plans -------------------------------------------------------------
     def _run(self, mode, out, inp, ranks, config, want, op=ReduceOp.SUM, src=0):
