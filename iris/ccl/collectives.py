@@ -237,14 +237,19 @@ class CCL:
                                   f"{w}; got shape {tuple(inp.shape)}")
         self._run("a2a", out, inp, ranks, cfg, tuple(inp.shape))
 
-    def broadcast(self, out, inp, src=0, group=None, async_op=False, config=None):
+    def broadcast(self, out, inp=None, src=0, group=None, async_op=False, config=None):
         """out = rank src's inp on every rank (inp is read on src only; out may be inp). src is a global
-        rank, also with a group (as torch.distributed.broadcast). Collective: all ranks (of the group),
+        rank, also with a group (as torch.distributed.broadcast). Iris's form, broadcast(tensor, src=0,
+        ...), is in place, and its src is a position in the group. Collective: all ranks (of the group),
         same order, same sizes."""
         cfg = self._config(config)
         if cfg.use_gluon:
             raise ConfigError("broadcast has no Gluon kernel here (Config.use_gluon=True); set use_gluon=False")
         ranks = self._group(group, "broadcast")[0]
+        if not isinstance(inp, torch.Tensor):  # Iris's form
+            from .rooted import broadcast
+            broadcast(self, out, inp, src, group, config)
+            return
         if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
             raise CollectiveError(f"broadcast: src must be a rank in [0, {self.ctx.world}), got {src!r}")
         if ranks is not None and src not in ranks:
@@ -267,6 +272,61 @@ class CCL:
         """Drop every plan without freeing its workspace (the context is closing): a later call builds
         its plan again, which raises ContextClosed."""
         self.plans, self._last_ar = {}, None
+
+    def reduce(self, out, inp=None, dst=0, op=None, group=None, async_op=False, config=None):
+        """out on the rank at group position dst = every member's inp combined by op (None: sum; SUM, MAX,
+        MIN), in group order, floats in fp32; other ranks' out is not written. inp=None reduces out in
+        place (Iris's tests call reduce(tensor, dst=...)); else out is inp or apart from it. inp: a heap
+        tensor, the same allocation on every member (dst reads it in place); out: any tensor of inp's
+        shape. Collective: all ranks (of the group), same order, same sizes."""
+        from .rooted import reduce
+        reduce(self, out, inp, dst, op, group, config)
+
+    def scatter(self, out, inp, src=0, group=None, async_op=False, config=None):
+        """out (M, ...) on the rank at group position i = rows [i*M, (i+1)*M) of inp (g*M, ...) on the
+        rank at position src. inp: a heap tensor of that shape on every member (the members read src's
+        in place; only src's contents matter); out: any tensor, or inp's own chunk i. Collective: all
+        ranks (of the group), same order, same sizes."""
+        from .rooted import scatter
+        scatter(self, out, inp, src, group, config)
+
+    def gather(self, out, inp, dst=0, group=None, async_op=False, config=None):
+        """out (g*M, ...) on the rank at group position dst = every member's inp (M, ...), position i's at
+        rows [i*M, (i+1)*M); other ranks' out is not written. inp: a heap tensor, the same allocation
+        on every member (dst reads it in place), apart from out; out: any tensor of that shape on every
+        member. Collective: all ranks (of the group), same order, same sizes."""
+        from .rooted import gather
+        gather(self, out, inp, dst, group, config)
+
+    def send(self, tensor, dst, group=None, tag=0, config=None):
+        """Stores tensor into the copy of it on the rank at group position dst, which must call
+        recv(tensor, src=<this rank's position>) as its matching call. tensor: a heap tensor, the same
+        allocation on both ranks. Pairs by call order, not tag (accepted for Iris). Collective over the
+        pair: this rank and dst, same order, same sizes."""
+        from .p2p import send
+        send(self, tensor, dst, group, config)
+
+    def recv(self, tensor, src, group=None, tag=0, config=None):
+        """Receives into tensor (a heap tensor, the same allocation on both ranks) what the rank at group
+        position src sends with its matching send(tensor, dst=<this rank's position>). Collective over
+        the pair: this rank and src, same order, same sizes."""
+        from .p2p import recv
+        recv(self, tensor, src, group, config)
+
+    def sendrecv(self, send_tensor, recv_tensor, dst, src, group=None, tag=0, config=None):
+        """Sends send_tensor (any tensor) into recv_tensor (a heap tensor, the same allocation on every
+        rank involved) of the rank at group position dst, and receives src's into this rank's
+        recv_tensor. Every rank named as a dst or src makes its own sendrecv (a ring or any
+        permutation). Collective over those ranks: same order, same sizes."""
+        from .p2p import sendrecv
+        sendrecv(self, send_tensor, recv_tensor, dst, src, group, config)
+
+    def barrier(self, group=None):
+        """Every rank of group (None: all) waits on the device until all reached it, in stream order:
+        no host round trip, capturable in a CUDA graph. Collective: all ranks (of the group), same
+        order."""
+        from .p2p import barrier
+        barrier(self, group)
 
     # -- plans -------------------------------------------------------------
     def _config(self, config) -> Config:

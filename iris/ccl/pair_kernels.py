@@ -1,0 +1,117 @@
+"""Kernels that meet only the ranks they exchange data with: the rooted collectives (reduce, scatter,
+gather), point-to-point transfers and the barrier over a subset of the ranks.
+
+They synchronise as group_kernel.py does, through the pairwise counters in iris's reserve
+(counters[p][s] on rank r: signals program p of rank s sent to program p of r) and this rank's seen
+counts (how many of them it has waited for, advanced by the kernel itself, so CUDA graph replays
+advance them too). A call meets each of its peers twice: "ready" (the kernel started, so the data it
+will read or the buffer it will receive into is final in stream order) and "done" (every access to
+a peer's memory is over, so each rank may reuse its tensors once the call returns). A rooted call's
+peers are the root and the other members (they meet the root only); a transfer's peers are its
+destination and its source. Counts stay paired as long as every pair of ranks makes its common
+calls in the same order (NCCL's rule), whatever other ranks do in between.
+"""
+import triton
+import triton.language as tl
+
+from .group_kernel import _meet
+from .kernels import _reduce_ranks
+
+
+@triton.jit
+def rooted_kernel(inp, out, members, counters, seen, n, per, me, rank, root, world,
+                  GROUP: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
+                  IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """MODE over the GROUP ranks of members (their global ranks, then their heap bases; PEERS: a power of
+    two >= GROUP), reading inp (a heap tensor, the same allocation on every member) in place:
+    "reduce": the root's out = every member's inp combined by OP in member order (floats in fp32);
+    "scatter": every member's out = chunk `me` (n elements) of the root's inp;
+    "gather": the root's out, chunk q = member q's inp (n elements each).
+    me: this rank's position in members, rank its global rank, root the root's position; per: elements
+    of a chunk per program (a multiple of BLOCK); counters and seen: (programs, world) int64. SPIN:
+    Config.spin_limit; giving up marks seen[p][rank] with -1 (a slot no peer uses)."""
+    VEC: tl.constexpr = 16 // (inp.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    row = counters + pid * world
+    mark = seen + pid * world + rank
+    mine = tl.load(members + GROUP + me)
+    j = tl.arange(0, PEERS)
+    live = (j < GROUP) & (j != me) & ((j == root) | (j * 0 + me == root))  # a block: the interpreter masks with it
+    peer = tl.load(members + j, mask=live, other=rank)
+    delta = (tl.load(members + GROUP + j, mask=live, other=mine) - mine) // 8
+    count = tl.load(seen + pid * world + peer, mask=live, other=0)
+    lo = pid * per
+    hi = tl.minimum(lo + per, n)
+    ar = tl.arange(0, BLOCK)
+    _meet(row, peer, delta, live, count + 1, mark, rank, SPIN)
+    if MODE == "scatter":
+        frm = inp + tl.multiple_of((tl.load(members + GROUP + root) - mine) // (16 // VEC), VEC) + me * n
+        for s in range(lo, hi, BLOCK):
+            o = s + ar
+            mask = o < n
+            tl.store(out + o, tl.load(frm + o, mask=mask), mask=mask)
+    elif me == root:
+        if MODE == "reduce":
+            for s in range(lo, hi, BLOCK):
+                o = s + ar
+                mask = o < n
+                acc = _reduce_ranks(inp, o, mask, members + GROUP, mine, GROUP, VEC, OP, IS_FLOAT)
+                tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
+        else:
+            for q in tl.static_range(GROUP):
+                frm = inp + tl.multiple_of((tl.load(members + GROUP + q) - mine) // (16 // VEC), VEC)
+                for s in range(lo, hi, BLOCK):
+                    o = s + ar
+                    mask = o < n
+                    tl.store(out + q * n + o, tl.load(frm + o, mask=mask), mask=mask)
+    _meet(row, peer, delta, live, count + 2, mark, rank, SPIN)
+    tl.store(seen + pid * world + peer, count + 2, mask=live)
+
+
+@triton.jit
+def p2p_kernel(src, dst, counters, seen, heap_bases, n, per, rank, to, frm, world, BLOCK: tl.constexpr,
+               SPIN: tl.constexpr):
+    """Stores src (n elements, this rank's memory) into rank `to`'s copy of dst (a heap tensor, the same
+    allocation on both ranks), while rank `frm` stores into this rank's dst; -1: no such peer, `to` ==
+    rank: a local copy. Both peers are met twice: after "ready" from `to` its dst may be overwritten
+    (every earlier use of it is done in its stream order); after "done" from `frm` this rank's dst
+    holds the data. per: elements per program (a multiple of BLOCK); counters and seen as
+    rooted_kernel's."""
+    VEC: tl.constexpr = 16 // (dst.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    row = counters + pid * world
+    mark = seen + pid * world + rank
+    mine = tl.load(heap_bases + rank)
+    j = tl.arange(0, 2)
+    peer = tl.where(j == 0, to, frm)
+    live = (peer >= 0) & (peer != rank) & ((j == 0) | (j * 0 + frm != to))
+    peer = tl.where(live, peer, rank)
+    delta = (tl.load(heap_bases + peer) - mine) // 8
+    count = tl.load(seen + pid * world + peer, mask=live, other=0)
+    _meet(row, peer, delta, live, count + 1, mark, rank, SPIN)
+    if to >= 0:
+        far = dst + tl.multiple_of((tl.load(heap_bases + to) - mine) // (16 // VEC), VEC)
+        lo = pid * per
+        hi = tl.minimum(lo + per, n)
+        for s in range(lo, hi, BLOCK):
+            o = s + tl.arange(0, BLOCK)
+            mask = o < n
+            tl.store(far + o, tl.load(src + o, mask=mask), mask=mask)
+    _meet(row, peer, delta, live, count + 2, mark, rank, SPIN)
+    tl.store(seen + pid * world + peer, count + 2, mask=live)
+
+
+@triton.jit
+def barrier_kernel(members, counters, seen, me, rank, world, GROUP: tl.constexpr, PEERS: tl.constexpr,
+                   SPIN: tl.constexpr):
+    """One meeting of the GROUP ranks of members (as rooted_kernel's), by program 0's counters: launch
+    with grid (1,). Nothing after it in this rank's stream starts before every member reached it."""
+    mark = seen + rank
+    mine = tl.load(members + GROUP + me)
+    j = tl.arange(0, PEERS)
+    live = (j < GROUP) & (j != me)
+    peer = tl.load(members + j, mask=live, other=rank)
+    delta = (tl.load(members + GROUP + j, mask=live, other=mine) - mine) // 8
+    count = tl.load(seen + peer, mask=live, other=0)
+    _meet(counters, peer, delta, live, count + 1, mark, rank, SPIN)
+    tl.store(seen + peer, count + 1, mask=live)
