@@ -12,7 +12,9 @@ and for torch's symm_mem.empty + rendezvous, all in the same run.
 the request, so none can take it), then the median of ctx.empty(16 KiB) + ctx.free; and a vmem
 heap of 100 GiB with S backed segments (one per allocation of one chunk). torch.empty + del of
 the same size is timed alternately with it, as the reference, in batches of 25 calls; each median
-(of the batches' per-call times) is the lowest of three rounds. Writes benchmarks/results/.
+(of the batches' per-call times) is the lowest of three rounds. A freed block returns to the pool
+at the next collective point, so a ctx.collect() follows each batch, timed apart (its median is
+reported, and the pair's cost with it spread over the batch). Writes benchmarks/results/.
 """
 import argparse
 import functools
@@ -94,11 +96,12 @@ def _pair_times(ctx, nbytes, reps, rounds=3, batch=25):
     """Per-call medians (seconds) of ctx.empty + ctx.free of nbytes (the tensor dropped too) and of
     torch.empty + del of the same size, timed in batches of `batch` calls (so the timer's own cost,
     about 0.3 us a reading, is spread over the batch instead of added to each call), batches of the
-    two alternating so both see the same machine load; the lowest of `rounds` medians each."""
-    dev, ours, ref = ctx.get_device(), [], []
+    two alternating so both see the same machine load; the lowest of `rounds` medians each. After
+    each batch of the pair, ctx.collect() returns its blocks to the pool: its median is the third."""
+    dev, ours, ref, points = ctx.get_device(), [], [], []
     clock = time.perf_counter
     for _ in range(rounds):
-        a, b = [], []
+        a, b, c = [], [], []
         for _ in range(max(1, reps // batch)):
             t0 = clock()
             for _ in range(batch):
@@ -106,20 +109,25 @@ def _pair_times(ctx, nbytes, reps, rounds=3, batch=25):
                 ctx.free(t)
                 del t
             t1 = clock()
+            ctx.collect()
+            t2 = clock()
             for _ in range(batch):
                 t = torch.empty(nbytes, dtype=torch.uint8, device=dev)
                 del t
-            b.append((clock() - t1) / batch)
+            b.append((clock() - t2) / batch)
             a.append((t1 - t0) / batch)
+            c.append(t2 - t1)
         ours.append(statistics.median(a))
         ref.append(statistics.median(b))
-    return min(ours), min(ref)
+        points.append(statistics.median(c))
+    return min(ours), min(ref), min(points)
 
 
-def _row(ctx, allocator, nbytes, reps, **state):
-    ours, ref = _pair_times(ctx, nbytes, reps)
+def _row(ctx, allocator, nbytes, reps, batch=25, **state):
+    ours, ref, point = _pair_times(ctx, nbytes, reps, batch=batch)
     return {"allocator": allocator, **state, "iris_median_us": 1e6 * ours, "torch_empty_del_median_us": 1e6 * ref,
-            "ratio_to_torch": ours / ref}
+            "ratio_to_torch": ours / ref, "collect_median_us": 1e6 * point, "batch": batch,
+            "ratio_with_collect_per_batch": (ours + point / batch) / ref}
 
 
 def _fragment(ctx, live, holes, hole_bytes, live_bytes):
@@ -171,10 +179,12 @@ def sweep(args):
 
 
 def _print_sweep(rows):
-    print(f"{'allocator':>9} {'live':>7} {'holes':>6} {'segments':>8} {'iris us':>8} {'torch us':>8} {'ratio':>6}")
+    print(f"{'allocator':>9} {'live':>7} {'holes':>6} {'segments':>8} {'iris us':>8} {'torch us':>8} {'ratio':>6} "
+          f"{'collect us':>10} {'ratio+collect':>13}")
     for r in rows:
         print(f"{r['allocator']:>9} {r['live_blocks']:>7} {r['holes']:>6} {r['segments']:>8} {r['iris_median_us']:8.2f} "
-              f"{r['torch_empty_del_median_us']:8.2f} {r['ratio_to_torch']:6.2f}")
+              f"{r['torch_empty_del_median_us']:8.2f} {r['ratio_to_torch']:6.2f} {r['collect_median_us']:10.2f} "
+              f"{r['ratio_with_collect_per_batch']:13.2f}")
 
 
 def _state(text):

@@ -142,7 +142,8 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
             err = (y_.float() - ref.float()).abs().max().item()
             row[f"{name}_max_abs_diff_vs_nccl"] = err
             timer.both(row, name, lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
-        row["variant_auto"] = ctx.ccl.plans[("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, None)].variant
+        ctx.ccl.all_reduce(y, x)
+        row["variant_auto"] = ctx.ccl._last_ar.plan.variant
         timer.both(row, "nccl", lambda: dist.all_reduce(y), calls)
         if symm is not None:
             try:
@@ -219,12 +220,12 @@ def move_rows(ctx, timer, sizes, gpu):
 def host_costs(ctx, timer, gpu):
     """Where eager time goes: host microseconds per call (perf_counter over back-to-back calls, one
     sync at the end) of a 1 KiB all_reduce through ctx.ccl, of the same kernel launched through
-    Triton's JIT (kernel[grid](...): the control for iris.launch.Launcher), and of torch copy_."""
+    Triton's JIT (kernel[grid](...): the control for iris.ccl.launch.Launcher), and of torch copy_."""
     import time
     x = torch.randn(512, device=ctx.device).to(torch.bfloat16)
     y = torch.empty_like(x)
     ctx.ccl.all_reduce(y, x)
-    plan = ctx.ccl.plans[("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, None)]
+    plan = ctx.ccl._last_ar.plan
     args = list(plan.args)
     args[0], args[1] = x, y
     calls = 2000 if gpu else 5
@@ -239,7 +240,7 @@ def host_costs(ctx, timer, gpu):
         return slowest(host * 1e6)
 
     out = {"iris_all_reduce_host_us": per_call(lambda: ctx.ccl.all_reduce(y, x)),
-           "jit_launch_same_kernel_host_us": per_call(lambda: plan.fn[plan.grid](*args, num_warps=plan.warps)),
+           "jit_launch_same_kernel_host_us": per_call(lambda: plan.fn[plan.grid](*args, **plan.options)),
            "iris_all_reduce_host_us_again": per_call(lambda: ctx.ccl.all_reduce(y, x)),
            "torch_copy_host_us": per_call(lambda: y.copy_(x))}
     launchers = list(plan.launchers.values())
@@ -261,7 +262,8 @@ def sweep(ctx, timer, gpu):
         x, y = ctx.empty(n, dtype=torch.bfloat16).normal_(), ctx.empty(n, dtype=torch.bfloat16)
         for block, warps, sms in ((4096, 8, 0), (8192, 8, 0), (8192, 16, 0), (16384, 16, 0), (8192, 8, 64),
                                   (4096, 4, 0)):
-            cfg = Config(block_size=block, num_warps=warps, comm_sms=sms, all_reduce_variant="two_shot")
+            cfg = Config(block_size=block, num_warps=warps or None, comm_sms=sms or None,
+                         all_reduce_variant="two_shot")
             row = {"bytes": nbytes, "block_size": block, "num_warps": warps, "comm_sms": sms}
             timer.both(row, "two_shot_heap", lambda: ctx.ccl.all_reduce(y, x, config=cfg), 20)
             row.pop("two_shot_heap_eager_us", None)
@@ -347,12 +349,13 @@ def sweep_variants(ctx, timer, gpu, args, dump):
         xh, yh = ctx.empty(n, dtype=torch.bfloat16).copy_(x), ctx.empty(n, dtype=torch.bfloat16)
         tensors = {"plain": (x, y), "heap": (xh, yh)}
         variants = [v for v, top in (("one_shot", 16 * MiB), ("two_shot", None), ("one_shot_push", 64 * MiB),
-                                     ("two_shot_push", None)) if (top is None or nbytes <= top)
+                                     ("two_shot_push", None), ("atomic", 64 * MiB), ("spinlock", 16 * MiB),
+                                     ("ring", None)) if (top is None or nbytes <= top)
                     and (not args.variants or v in args.variants.split(","))]
         for variant in variants:
             for block, warps, programs in SWEEP_SETTINGS[:args.settings] if gpu else SWEEP_SETTINGS[:2]:
-                cfg = Config(block_size=block, num_warps=warps, comm_sms=programs, all_reduce_variant=variant,
-                             spin_limit=args.spin_limit)
+                cfg = Config(block_size=block, num_warps=warps or None, comm_sms=programs or None,
+                             all_reduce_variant=variant, spin_limit=args.spin_limit)
                 for where, (x_, y_) in tensors.items():
                     row = dict(base, variant=variant, block_size=block, num_warps=warps, comm_sms=programs,
                                tensors=where)
@@ -380,8 +383,8 @@ def sweep_variants(ctx, timer, gpu, args, dump):
 
 def gave_up(ctx, cfg, x, y):
     """Whether a program of this call's plan gave up waiting (Config.spin_limit), on any rank."""
-    plan = ctx.ccl.plans.get(("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, cfg))
-    mine = bool(plan is not None and (plan.workspace[-2] < 0).any().item())
+    plan = ctx.ccl.plans.get(("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, cfg.key()))
+    mine = bool(plan is not None and (plan.args[plan.at["flags"]] < 0).any().item())
     return bool(slowest(int(mine)))
 
 
@@ -448,6 +451,10 @@ class Dump:
                    "table": sweep_table(rows).splitlines()}
         if note:
             payload["note"] = note
+        if torch.cuda.is_available() and torch.cuda.device_count() < dist.get_world_size():
+            payload["caveat"] = (f"{dist.get_world_size()} ranks on {torch.cuda.device_count()} GPU(s): the ranks' "
+                                 "kernels time-slice one GPU and their peer traffic never crosses NVLink, so these "
+                                 "times compare variants' synchronisation and host costs, not bandwidth between GPUs")
         return write_result("collectives_variants", payload, self.args.out)
 
     def __call__(self, note):

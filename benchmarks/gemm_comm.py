@@ -114,12 +114,16 @@ def check(name, got, want):
 def _variants():
     """label -> FusedConfig, per op. streamed_<chunks>_ccl<n>: matmul_all_reduce's chunks reduced by
     ctx.ccl.all_reduce on n programs instead of the copy engine and an add; fused_bn64: narrower
-    tiles (more waves, so more of the pushes overlap the next wave's GEMM)."""
-    F = FusedConfig
+    tiles (more waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot
+    kernel (Iris's tile ownership) with the same tiles. Tiles chosen by shape, as with config=None."""
+    def F(**kw):
+        return FusedConfig(**{**dict(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8,
+                                     all_reduce_variant="one_shot"), **kw})
     return {"ag": {"fused": F(variant="fused"), "streamed": F(variant="streamed")},
             "rs": {"fused": F(variant="fused"), "streamed_2": F(variant="streamed", chunks=2),
                    "streamed_4": F(variant="streamed", chunks=4)},
-            "ar": {"fused": F(variant="fused"), "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
+            "ar": {"fused": F(variant="fused"), "two_shot": F(variant="fused", all_reduce_variant="two_shot"),
+                   "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
                    **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (1, 2, 4)},
                    **{f"streamed_{c}_ccl{n}": F(variant="streamed", chunks=c, comm_sms=n)
                       for c, n in ((1, 132), (2, 16), (2, 32), (4, 32))}}}

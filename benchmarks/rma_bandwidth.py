@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import command_line, timed  # noqa: E402
 
 import iris  # noqa: E402
-from iris.launch import Launcher  # noqa: E402
+from iris.ccl.launch import Launcher  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -144,7 +144,7 @@ class Bench:
         self.log = print if self.rank == 0 else (lambda *a, **k: None)
 
     def launch(self, kind, src, dst, n, peer, cfg=None):
-        """One copy_kernel launch through iris.launch.Launcher (compiled once per grid and config, then
+        """One copy_kernel launch through iris.ccl.launch.Launcher (compiled once per grid and config, then
         launched directly: the JIT's per-call cost would dominate small sizes)."""
         cfg = cfg or self.config[kind]
         grid = grid_for(n, cfg["block"], cfg["programs"])
@@ -420,7 +420,7 @@ def main(argv=None) -> int:
                                                      if b.gpu else None},
               "units": {"*_s": "seconds, median", "*_GBps": "1e9 bytes per second", "*_us": "microseconds"},
               "notes": ["each repetition is one launch timed by its own CUDA events, so small sizes include the "
-                        "host's launch cost; put/get launch through iris.launch.Launcher (the compiled kernel, "
+                        "host's launch cost; put/get launch through iris.ccl.launch.Launcher (the compiled kernel, "
                         "directly, after the first call)",
                         "all_pairs counts world*(world-1) chunks; NCCL's all_to_all also copies each rank's own",
                         "eager latencies include a launch per call; *_graph_* ones replay a captured CUDA graph"]}

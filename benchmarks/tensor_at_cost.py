@@ -6,7 +6,9 @@ torch.empty + del, and ctx.empty + ctx.free on both allocators, all in one proce
 Each case is timed in rounds of reps calls (the tensor made and dropped), rounds interleaved
 across cases so that all see the same machine load; reported per call: the lowest round and the
 median round. Before timing, each way is checked: its tensor aliases the address, and the object
-riding on it dies with the last view, not before. Writes benchmarks/results/.
+riding on it dies with the last view, not before. The ctx.empty + ctx.free loop calls no collective
+point itself: freed blocks come back at the points the heap passes when it is full or would grow,
+whose cost is part of the figure. Writes benchmarks/results/.
 """
 import argparse
 import gc

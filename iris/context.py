@@ -11,13 +11,15 @@ from typing import Optional
 import torch
 
 from . import distributed
-from .allocators import ALLOCATORS
+from .allocators import ALIASES, ALLOCATORS
+from .device_name import DeviceName
 from .allocators.offsets import round_up
 from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
-from .host_collectives import broadcast, covers_job
+from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
-from .heap import SymmetricHeap
+from .device import indirect as _indirect
+from .heap import SymmetricHeap, reach
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
 
@@ -45,6 +47,13 @@ def _shape(size) -> torch.Size:
     return torch.Size(size)
 
 
+def _use_nvshmem_device_api(device: torch.device) -> None:
+    from .device import indirect, nvshmem
+    major, minor = torch.cuda.get_device_capability(device)
+    nvshmem.enable(10 * major + minor)
+    indirect.use_indirect_peers()
+
+
 def _check_heap_size(heap_size) -> int:
     if isinstance(heap_size, bool) or not isinstance(heap_size, int):
         raise TypeError(f"heap_size must be an int number of bytes, got {type(heap_size).__name__} {heap_size!r}")
@@ -66,6 +75,7 @@ class Iris:
         if allocator is not None and allocator_type is not None and allocator != allocator_type:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
         name = os.environ.get("IRIS_ALLOCATOR") or allocator or allocator_type or "torch"
+        name = ALIASES.get(name, name)
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
         self.allocator_name = name
@@ -76,7 +86,13 @@ class Iris:
         self.rank, self.world = self.group.rank, self.group.world
         alloc = None
         try:
-            index = self.rank % self.driver.device_count()
+            if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
+                self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
+                                            "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
+                if reach.forced(self.world):
+                    raise IrisError(f"IRIS_INDIRECT_PEERS={os.environ['IRIS_INDIRECT_PEERS']} asks for indirect peers, "
+                                    f"which only allocator='nvshmem' reaches; allocator={name!r} maps every peer")
+            index = self.group.local_rank % self.driver.device_count()
             self.driver.set_device(index)
             if self.driver.torch_device == "cpu":
                 self.device = torch.device("cpu")
@@ -85,13 +101,14 @@ class Iris:
                 self.device = torch.device("cuda", index)
             reserve = _internal_bytes(self.world)
             total, self._reserve = heap_size + reserve, reserve
-            alloc = (ALLOCATORS[name](self.driver, total) if name == "vmem"
-                     else ALLOCATORS[name](self.driver, total, self.device))
+            alloc = ALLOCATORS[name](self.driver, total, self.device, self.group)
             alloc.reserved = reserve
-            if name == "vmem" and heap_size % alloc.chunk:
-                warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.chunk}-byte chunk: rounded up; "
-                              f"the heap holds {alloc.size - reserve} bytes", stacklevel=2)
+            if heap_size % alloc.granularity:
+                warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.granularity}-byte chunk of the "
+                              f"{name} allocator: rounded up; the heap holds {alloc.size - reserve} bytes", stacklevel=2)
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
+            if 0 in self.heap.bases or _indirect.INDIRECT_PEERS:  # kernels compiled from now on carry NVSHMEM calls
+                _use_nvshmem_device_api(self.device)
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
             self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
             self._internal.zero_()
@@ -101,6 +118,7 @@ class Iris:
             self._group_counters = self._internal_flags(GROUP_PROGRAMS * self.world, torch.int64).view(
                 GROUP_PROGRAMS, self.world)
             self._device_context = None
+            self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
         except BaseException as e:
             self.group.abort(f"creating the heap: {type(e).__name__}: {e}")  # the others learn why
@@ -127,7 +145,7 @@ class Iris:
         return self.world
 
     def get_device(self) -> torch.device:
-        return self.device
+        return self._torch_device
 
     def get_device_id(self) -> int:
         """Index of this rank's GPU (0 on the host)."""
@@ -156,13 +174,20 @@ class Iris:
         return self.heap.alloc.capacity
 
     def get_device_context(self) -> torch.Tensor:
-        """int64 tensor [rank, world, heap_base_0, ...] on the heap's device, for
-        iris.DeviceContext.initialize(context, rank, world_size) in a kernel. Built once: a CUDA
-        graph that captured a kernel taking it stays valid."""
+        """int64 tensor [rank, world, heap_base_0, ..., 3 trace slots] on the heap's device, for
+        iris.DeviceContext.initialize(context, rank, world_size) in a kernel. Built once (tracing
+        updates its slots in place): a CUDA graph that captured a kernel taking it stays valid."""
         if self._device_context is None:
             self._device_context = torch.cat([torch.tensor([self.rank, self.world], dtype=torch.int64,
-                                                           device=self.device), self.heap.heap_bases])
+                                                           device=self.device), self.heap.heap_bases,
+                                              self.tracing.slots()])
         return self._device_context
+
+    @cached_property
+    def tracing(self):
+        """Device-side event tracing (iris.tracing.Tracing): enable(max_events), reset(), export(filename, merge)."""
+        from .tracing import Tracing
+        return Tracing(self)
 
     # -- logging, tagged with this rank ------------------------------------
     def debug(self, message) -> None:
@@ -187,11 +212,7 @@ class Iris:
         """Waits for this rank's device work (on `stream` only, if given), then for every rank.
         Collective: all ranks. group: None or every rank (subsets raise NotImplementedError)."""
         covers_job(group, self.world, "barrier")
-        if stream is not None:
-            stream.synchronize()
-        elif self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.heap.check_symmetry()
+        self.heap.check_symmetry(sync=True if stream is None else stream)
 
     # -- memory ------------------------------------------------------------
     def is_symmetric(self, t: torch.Tensor) -> bool:
@@ -203,10 +224,14 @@ class Iris:
         Like t, it keeps the memory it covers mapped while it lives."""
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} is not in [0, {self.world})")
+        if not self.heap.bases[rank]:
+            raise IrisError(f"rank {rank} is an indirect peer (another node, or named by IRIS_INDIRECT_PEERS): its "
+                            "memory is not mapped here; reach it from kernels (iris.get/iris.put) instead")
         return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:
-        """Give t's block back for reuse now. Collective: all ranks free the same tensors in the same
+        """Take t's block out of use now; it is reused once the work every rank queued before the free
+        has finished (known at a later collective point). Collective: all ranks free the same tensors in the same
         order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
         freeing a block twice raises. Tensors that are simply dropped are freed at the next
         collective point instead (see collect)."""
@@ -232,7 +257,8 @@ class Iris:
                 del self._imported_at[offset]
 
     def collect(self) -> int:
-        """Release the blocks whose tensors are gone on every rank; returns the bytes released.
+        """Wait for this rank's device work, then release the blocks whose tensors are gone on every rank
+        and the blocks freed before; returns the bytes released.
 
         A heap tensor that is dropped (no view, slice or peer view of it left) is queued on its rank;
         queued blocks are released at collective points (heap growth, barrier, trim, close, and
@@ -272,7 +298,7 @@ class Iris:
         return t.requires_grad_(requires_grad) if requires_grad else t
 
     # -- factories (collective: all ranks, same order, same sizes) ---------
-    # torch's keywords: layout (strided only), pin_memory (False only), memory_format, device (this
+    # torch's keywords: layout (strided only), pin_memory (no effect: a warning), memory_format, device (this
     # heap's), out (a heap tensor of as many elements; returned viewed with the size asked for).
     def _factory(self, size, dtype, device, out, requires_grad, fill=None, layout=None, pin_memory=False,
                  memory_format=None, like=None) -> torch.Tensor:
@@ -444,7 +470,7 @@ class Iris:
         return self.heap.address(t), t.numel() * t.element_size(), t.dtype, tuple(t.shape)
 
     def _copy_in(self, t: torch.Tensor, copy: Optional[bool], call: str) -> torch.Tensor:
-        why = ("the torch allocator cannot map memory it did not allocate; use allocator='vmem'"
+        why = (f"the {self.allocator_name} allocator cannot map memory it did not allocate; use allocator='vmem'"
                if not self.heap.alloc.vmm else
                "its memory (on some rank) is not VMM-backed; on GPUs set "
                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch allocates it, on the host "
@@ -454,6 +480,34 @@ class Iris:
         if copy is None:
             warnings.warn(f"{call} copied {t.numel() * t.element_size()} bytes into the heap: {why}", stacklevel=3)
         return self._copied(t, None, False)
+
+    # -- allocations with their address maps (Iris's allocate_symmetric) ---
+    def allocate_symmetric(self, *size, dtype=None):
+        """(tensor, peer_bases): a new heap tensor and its int64 table on the heap's device, entry r
+        where rank r's copy sits in this process; a kernel translates with peer_bases[to] + (ptr -
+        peer_bases[me]), or passes the table in place of heap_bases. Raises if a peer is reachable
+        only through NVSHMEM (entry 0). Collective: all ranks, same order, same sizes."""
+        t, amap = self.allocate_symmetric_map(*size, dtype=dtype)
+        return t, amap.direct_table()
+
+    def allocate_symmetric_map(self, *size, dtype=None):
+        """(tensor, SymmetricAddressMap): as allocate_symmetric, with which peers are direct.
+        Collective: all ranks, same order, same sizes."""
+        t = self.empty(*size, dtype=dtype)
+        return t, self.symmetric_address_map(t)
+
+    def symmetric_address_map(self, t: torch.Tensor):
+        """The SymmetricAddressMap of the allocation t lies in (a view maps to its whole allocation,
+        so translation stays exact); KeyError if t is not in a live allocation of this heap."""
+        from .experimental.symmetric_memory import address_map
+        if not isinstance(t, torch.Tensor) or not self.heap.contains(t):
+            raise KeyError("the tensor is not on this heap: allocate it with ctx.allocate_symmetric or a factory")
+        try:
+            block = self.heap.block_of(t)[0]
+        except ValueError as e:
+            raise KeyError(str(e)) from None
+        bases = [b + block.offset if b else 0 for b in self.heap.bases]
+        return address_map(bases, self.rank, self.world, bases[self.rank], block.nbytes, self.device)
 
     def load_safetensors(self, path, shard=None, names=None, **options) -> dict:
         """name -> heap tensor, read from a safetensors file, list of files or directory of shards

@@ -41,3 +41,15 @@ class CaptureError(IrisError, RuntimeError):
 
 class ContextClosed(IrisError, RuntimeError):
     """A call on a context after close()."""
+
+
+class SpansHostsError(IrisError, RuntimeError):
+    """The job's ranks are on several hosts, and what was asked works within one host."""
+
+
+class AddressMapError(IrisError, ValueError):
+    """A peer-base table that a kernel would translate through into a wild pointer."""
+
+
+class ProviderUnavailable(IrisError, ImportError):
+    """An optional provider's package is missing or cannot run here; names the pip extra to install."""

@@ -1,6 +1,8 @@
 """torch's factory keywords that a heap tensor can honour: layout, pin_memory, memory_format, out."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 
@@ -10,8 +12,8 @@ def check_layout(layout) -> None:
 
 
 def check_pin_memory(pin_memory) -> None:
-    if pin_memory:
-        raise ValueError("pin_memory=True does not apply: heap tensors live in the heap's memory; leave it out")
+    if pin_memory:  # Iris accepts it and allocates on the heap all the same
+        warnings.warn("pin_memory=True has no effect: heap tensors live in the heap's device memory", stacklevel=4)
 
 
 def out_as(out, shape: torch.Size):

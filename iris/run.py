@@ -1,20 +1,7 @@
-"""`python -m iris.run -n N script.py [args...]`: run a script as N ranks of one job."""
-import argparse
+"""`python -m iris.run -n N script.py [args...]`: iris's launcher under its documented name (iris/cli/run.py)."""
 import sys
 
-from .distributed.launch import launch
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m iris.run", description=__doc__)
-    parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
-    parser.add_argument("script", help="Python script to run on every rank")
-    parser.add_argument("args", nargs=argparse.REMAINDER)
-    opts = parser.parse_args(argv)
-    if opts.nprocs < 1:
-        parser.error(f"-n must be at least 1, got {opts.nprocs}")
-    return launch([opts.script, *opts.args], opts.nprocs)
-
+from .cli.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

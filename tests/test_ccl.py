@@ -132,7 +132,7 @@ def check_errors(ctx):
         (lambda: ctx.ccl.all_gather(torch.ones(w, device=dev), torch.ones((), device=dev)), CollectiveError, "0-d"),
         (lambda: ctx.ccl.all_reduce(x, x, op="prod"), ValueError, "prod"),
         (lambda: Config(block_size=100), ValueError, "power of two"),
-        (lambda: Config(all_reduce_variant="ring"), ValueError, "variant"),
+        (lambda: Config(all_reduce_variant="ring_fast"), ValueError, "all_reduce_variant must be one of"),
     ]
     other = "cpu" if dev.type == "cuda" else "meta"
     cases.append((lambda: ctx.ccl.all_reduce(x, torch.ones(10, device=other)), CollectiveError, f"is on {other}"))

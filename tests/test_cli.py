@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from iris import bench, bench_report
+from iris.cli import bench, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,8 @@ def test_info_json():
     assert info["platform"]["name"] == "host" and "IRIS_PLATFORM" in info["platform"]["why"]
     assert info["memory"]["vmm"] == "works" and info["memory"]["fd_export"] == "works"
     assert info["memory"]["granularity"] == os.sysconf("SC_PAGE_SIZE")
-    assert info["memory"]["allocators"] == {"torch": True, "vmem": True}
+    assert info["memory"]["allocators"] == {"torch": True, "vmem": True,
+                                            "nvshmem": info["memory"]["nvshmem"].startswith("usable")}
     assert info["libraries"]["torch"] and info["libraries"]["triton"]
     assert info["devices"][0]["memory_bytes"] > 0
     assert info["launch"].startswith("python -m iris.run -n 2")
@@ -68,9 +69,12 @@ def test_info_bad_settings_are_problems():
     assert "IRIS_CHECK_SYMMETRY='sometimes'" in problems
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None, reason="cuda-bindings is installed here")
 def test_info_cuda_without_bindings_says_what_to_install():
-    p = iris_cli("info", env={"IRIS_PLATFORM": "cuda"})
+    """`iris info` where cuda-bindings cannot be imported (hidden from this process if it is installed)."""
+    hide = "import sys; sys.modules['cuda'] = None; from iris.cli.__main__ import main; sys.exit(main(['info']))"
+    env = {k: v for k, v in os.environ.items() if k != "IRIS_ALLOCATOR"}
+    p = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, env=dict(env, IRIS_PLATFORM="cuda"), capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 1
     assert "iris CANNOT run here" in p.stdout
     assert "cuda-bindings" in p.stdout and "pip install 'iris[cuda]'" in p.stdout
@@ -85,9 +89,30 @@ def test_console_script():
 
 
 def test_usage():
-    assert iris_cli().returncode == 0
+    p = iris_cli()
+    assert p.returncode == 0
+    for name in ("info", "bench", "run"):
+        assert f"  {name} " in p.stdout, p.stdout
     p = iris_cli("frobnicate")
     assert p.returncode == 2 and "unknown command 'frobnicate'" in p.stderr
+
+
+def test_every_command_parses_its_own_options():
+    from iris.cli.__main__ import COMMANDS
+    for name in COMMANDS:
+        p = iris_cli(name, "--help")
+        assert p.returncode == 0 and p.stdout.startswith("usage:"), (name, p.stdout, p.stderr)
+    p = subprocess.run([sys.executable, "-m", "iris.run", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "python -m iris.run" in p.stdout, p.stdout + p.stderr
+
+
+def test_public_names_survive_submodule_imports():
+    """iris.launch is the launcher function whatever iris's own modules import later."""
+    code = ("import iris, iris.ops, iris.ccl, iris.cli.info, iris.cli.bench; "
+            "from iris.distributed import launch; assert iris.launch is launch, iris.launch")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
 
 
 # -- iris bench -------------------------------------------------------------------------------------
@@ -137,7 +162,7 @@ def test_bench_skips_missing_and_reports_failures(tmp_path):
     assert status["alloc_cost"]["status"] == "ok"
     assert "does not take --counts --heap-gib" in status["alloc_cost"]["note"]
     assert status["import_weights"]["status"] == "failed" and "something broke" in status["import_weights"]["note"]
-    assert summary["table"] == [bench_report.row("alloc_cost", "widgets", "w/s", 30.0, "ref", 10.0, True)]
+    assert summary["table"] == [report.row("alloc_cost", "widgets", "w/s", 30.0, "ref", 10.0, True)]
     assert "3.00" in p.stdout and "note: rma_bandwidth: skipped" in p.stdout
 
 
@@ -171,7 +196,7 @@ def test_report_readers_on_gpu_shaped_results(tmp_path):
                               for b, g in ((1 << 20, 100.0), (1 << 30, 400.0))],
            "all_pairs": [{"bytes_per_pair": 1 << 20, "iris_GBps": 300.0, "nccl_all_to_all_GBps": 200.0}],
            "latency": {"signal_one_way_us": 2.0, "device_barrier_eager_us": 5.0, "nccl_all_reduce_int_eager_us": 20.0}}
-    rows = bench_report.rma_bandwidth(rma)
+    rows = report.rma_bandwidth(rma)
     put_ce = next(r for r in rows if r["measure"] == "put bandwidth, 1 GiB" and r["reference"].startswith("copy"))
     assert put_ce["iris"] == 360.0 and put_ce["speedup"] == pytest.approx(0.9)
     barrier = next(r for r in rows if r["measure"] == "barrier (eager)")
@@ -179,16 +204,16 @@ def test_report_readers_on_gpu_shaped_results(tmp_path):
     alloc = {"bytes_per_allocation": 1 << 20, "rows": [
         {"allocator": "vmem", "case": "inside mapped", "n": 10, "mean_us": 10.0},
         {"allocator": "torch symm_mem", "case": "empty + rendezvous", "n": 10, "mean_us": 3500.0}]}
-    (row,) = bench_report.alloc_cost(alloc)
+    (row,) = report.alloc_cost(alloc)
     assert row["speedup"] == pytest.approx(350.0)
     weights = {"bytes_per_rank": 1 << 30, "ranks": [[
         {"method": "iris as_symmetric zero copy, one batched call", "ms": 2.0, "extra_bytes": 0},
         {"method": "iris copy into heap", "ms": 20.0, "extra_bytes": 1 << 30},
         {"method": "torch symm_mem empty+rendezvous+copy", "ms": 40.0, "extra_bytes": 1 << 30}]]}
-    rows = bench_report.import_weights(weights)
+    rows = report.import_weights(weights)
     assert [r["speedup"] for r in rows[:2]] == [10.0, 20.0]
-    text = bench_report.render({"table": rows, "notes": []})
+    text = report.render({"table": rows, "notes": []})
     assert "inf" in text  # zero extra bytes against a GiB
     if importlib.util.find_spec("matplotlib"):
-        assert bench_report.plot_bandwidth(rma, tmp_path / "bw.png") == str(tmp_path / "bw.png")
+        assert report.plot_bandwidth(rma, tmp_path / "bw.png") == str(tmp_path / "bw.png")
         assert (tmp_path / "bw.png").stat().st_size > 1000

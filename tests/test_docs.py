@@ -1,4 +1,4 @@
-"""Every ```python block in docs/*.md runs, on the host driver, as the docs say it does.
+"""Every ```python block in README.md and docs/*.md runs, on the host driver, as the docs say it does.
 
 A block whose first line is `# ranks: N` is a script for `python -m iris.run -n N`; any other
 block runs alone in a fresh interpreter. A block with the line `# prints: the text block above`
@@ -26,7 +26,7 @@ PRINTS = "# prints: the text block above"
 def blocks():
     """(id, code, ranks, expected output) for every python block of every page, in page order."""
     out = []
-    for page in sorted(DOCS.glob("*.md")):
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
         text = page.read_text()
         for i, m in enumerate(FENCE.finditer(text)):
             code = m.group(1)

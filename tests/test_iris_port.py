@@ -29,3 +29,14 @@ def test_iris_style_program_runs():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "rank 0: OK" in out and "rank 1: OK" in out, out[-3000:]
+
+
+def test_iris_ccl_program_runs():
+    """tests/iris_ccl_program.py: collectives called as Iris's tests/ccl call them (Config with Iris's fields,
+    set at construction and after, every all_reduce variant, all_gather variants, preamble + workspace=)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "iris_ccl_program.py"), str(_free_port())],
+                          env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "rank 0: OK" in out and "rank 1: OK" in out, out[-3000:]

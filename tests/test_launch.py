@@ -1,10 +1,10 @@
-"""iris.launch: the direct launch path and the replayed one-kernel graphs behind ccl and ops."""
+"""iris.ccl.launch: the direct launch path and the replayed one-kernel graphs behind ccl and ops."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from iris.launch import Launcher, _hooked, _knobs
+from iris.ccl.launch import Launcher, _hooked, _knobs
 
 
 @triton.jit

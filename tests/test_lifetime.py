@@ -3,9 +3,12 @@ of free and trim. Real ranks on the host driver (and on GPUs where present)."""
 import gc
 import os
 import random
+import threading
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import iris
 
@@ -277,17 +280,20 @@ def _foreign(ctx):
 def rank_free_import_under_views():
     """ctx.free of zero-copy imports while views of them live: the views stay valid (no unmap under
     them), and the region goes, on every rank at one collective point, once the last view is gone."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # GPUs: importable memory
     ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
-    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
     q = (r + 1) % w
     n = 1 << 20
-    store = torch.empty(2 * n, dtype=torch.float32).share_memory_()
+    store = torch.empty(2 * n, dtype=torch.float32, device=dev)
+    store = store.share_memory_() if dev.type == "cpu" else store
     store.copy_(torch.arange(2 * n, dtype=torch.float32) + 10.0 * (r + 1))
     a, b = store[:n], store[n:]
     ctx.barrier()
     gc.collect()
     base = _usage()
     h = ctx.as_symmetric([a, b])
+    res = {"zero_copy": all(ctx.is_zero_copy(t) for t in h)}
     region = [ctx.heap.offset_of(t) for t in h]
     v = h[0][:10]
     pv = ctx.peer_view(h[1], q)
@@ -295,9 +301,9 @@ def rank_free_import_under_views():
     ctx.free(h[0])
     ctx.free(h[1])
     ctx.barrier()  # a collective point: views still live on every rank, so nothing may go
-    v.fill_(-3.0)  # before the fix: unmapped at free, and this segfaulted
-    res = {"alias": bool((a[:10] == -3.0).all()) and torch.equal(a[10:], torch.arange(10, n) + 10.0 * (r + 1))}
-    res["peer"] = torch.equal(pv, torch.arange(n, 2 * n, dtype=torch.float32) + 10.0 * (q + 1))
+    v.fill_(-3.0)  # unmapped at free, this crashed (a segfault on the host, an illegal address on a GPU)
+    res["alias"] = bool((a[:10] == -3.0).all()) and torch.equal(a[10:].cpu(), torch.arange(10, n) + 10.0 * (r + 1))
+    res["peer"] = torch.equal(pv.cpu(), torch.arange(n, 2 * n, dtype=torch.float32) + 10.0 * (q + 1))
     res["whole"] = torch.equal(h[1], b)
     fresh = [ctx.full((n,), -1.0) for _ in range(4)]  # must land outside the imported region
     res["fresh"] = all(bool((f == -1.0).all()) for f in fresh) and torch.equal(h[1], b)
@@ -308,6 +314,8 @@ def rank_free_import_under_views():
     ctx.barrier()
     res["kept_until_all"] = _foreign(ctx)
     if r != 0:
+        v.add_(1.0)  # still mapped here, though rank 0 has let go
+        res["alias"] = res["alias"] and bool((a[:10] == -2.0).all())
         del v, h, pv
     gc.collect()
     ctx.barrier()  # now every rank has let go: the region goes everywhere, at this point
@@ -318,21 +326,111 @@ def rank_free_import_under_views():
     res["state"] = (sorted(ctx.heap.alloc.offsets.live.items()), ctx.heap.alloc.offsets.free_blocks())
     res["usage"] = (base, _usage())
     res["region"] = region
-    res["user"] = torch.equal(store[1:10], torch.full((9,), -3.0)) and torch.equal(b, torch.arange(n, 2 * n) + 10.0 * (r + 1))
+    first = -3.0 if r == 0 else -2.0
+    res["user"] = (torch.equal(store[1:10].cpu(), torch.full((9,), first))
+                   and torch.equal(b.cpu(), torch.arange(n, 2 * n) + 10.0 * (r + 1)))
     ctx.close()
     return res
 
 
-@host_only
-def test_free_of_an_import_keeps_it_mapped_under_live_views():
-    out = iris.spawn(rank_free_import_under_views, 2)  # ranks are processes: a segfault fails the spawn
+def _check_free_import(out, host):
     for r, res in enumerate(out):
+        assert res["zero_copy"], res
         assert res["alias"] and res["peer"] and res["whole"] and res["fresh"] and res["user"], res
         assert res["mapped"] > 0 and res["kept_until_all"] == res["mapped"], res
         assert res["released"] == 0, f"rank {r}: the region outlived its last view ({res['released']} segments)"
         assert res["state"] == out[0]["state"] and res["region"] == out[0]["region"], "ranks diverged"
         base, end = res["usage"]
-        assert end[0] == base[0] and end[2] == base[2], f"rank {r}: fds/mappings {base} -> {end}"
+        if host:  # fds and mappings: the host's handles are files
+            assert end[0] == base[0] and end[2] == base[2], f"rank {r}: fds/mappings {base} -> {end}"
+
+
+@host_only
+def test_free_of_an_import_keeps_it_mapped_under_live_views():
+    _check_free_import(iris.spawn(rank_free_import_under_views, 2), host=True)  # a segfault fails the spawn
+
+
+@pytest.mark.gpu
+def test_gpu_free_of_an_import_keeps_it_mapped_under_live_views():
+    _check_free_import(iris.spawn(rank_free_import_under_views, 2), host=False)
+
+
+# -- reuse waits for the work queued before the free ---------------------------------------------
+LATE_BLOCK = 1024
+
+
+@triton.jit
+def _late_store(flag, dst, n, value, cur, remote, heap_bases, BLOCK: tl.constexpr):
+    """Work queued before a free that runs late: waits until cur's flag is set, then stores value
+    into dst[:n] on remote."""
+    iris.wait(flag, 1, cur, cur, heap_bases)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    iris.store(dst + offs, tl.full((BLOCK,), value, tl.float32), cur, remote, heap_bases, mask=offs < n)
+
+
+def rank_reuse_after_late_kernel(allocator, n, how):
+    """Rank 0 queues a kernel that writes rank 1's block b late (once rank 1 says so); every rank
+    then frees b (how: "free" or "scope") and allocates the same size again, and rank 1 fills that
+    and only then lets the kernel go. Reused at once, the new tensor took the late write."""
+    ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
+    r, dev = ctx.get_rank(), ctx.get_device()
+    flag = ctx.zeros(1, dtype=torch.int32)
+    scope = ctx.scope()
+    if how == "scope":
+        scope.__enter__()
+    b = ctx.full((n,), 1.0)
+    where = ctx.heap.offset_of(b)
+    ctx.barrier()
+    late = None
+    if r == 0:
+        grid = (triton.cdiv(n, LATE_BLOCK),)
+
+        def launch():
+            _late_store[grid](flag, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
+        if dev.type == "cuda":
+            launch()  # queued on the stream: it runs while this rank goes on
+        else:  # the interpreter runs a kernel inside the launch: a thread stands in for the stream
+            late = threading.Thread(target=launch)
+            late.start()
+    if how == "scope":
+        scope.__exit__(None, None, None)
+    else:
+        ctx.free(b)
+    c = ctx.full((n,), 5.0)
+    reused = ctx.heap.offset_of(c) == where
+    if r == 1:
+        ctx.peer_view(flag, 0).fill_(1)  # in stream order after c's fill
+    if late is not None:
+        late.join()  # the host's stand-in finishes before this rank's next collective point
+    ctx.barrier()  # rank 0's kernel has finished
+    got = c.cpu().clone()  # .cpu() of a host tensor is the tensor itself
+    landed = b.cpu().clone()  # b is freed but still referenced: its memory is mapped, and shows the late write
+    again = ctx.full((n,), 6.0)  # after the point, b's block is back in the pool
+    res = {"reused_at_once": reused, "c": torch.equal(got, torch.full((n,), 5.0)),
+           "landed": torch.equal(landed, torch.full((n,), -7.0 if r == 1 else 1.0)),
+           "reused_after_point": ctx.heap.offset_of(again) == where and bool((again == 6.0).all())}
+    ctx.close()
+    return res
+
+
+@pytest.mark.parametrize("how", ["free", "scope"])
+def test_reuse_waits_for_work_queued_before_the_free(how):
+    out = iris.spawn(rank_each_allocator, 2, args=(rank_reuse_after_late_kernel, 3000, how))
+    for r, rank in enumerate(out):
+        for allocator, res in zip(ALLOCATORS, rank):
+            assert not res["reused_at_once"] and res["c"], \
+                f"{allocator}, rank {r}: a block was reused under a kernel that still wrote it: {res}"
+            assert res["landed"], f"{allocator}, rank {r}: the late kernel did not write b after the free: {res}"
+            assert res["reused_after_point"], f"{allocator}, rank {r}: the block did not come back at the next point: {res}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_gpu_reuse_waits_for_work_queued_before_the_free(allocator):
+    for r, res in enumerate(iris.spawn(rank_reuse_after_late_kernel, 2, args=(allocator, 1 << 20, "free"))):
+        assert not res["reused_at_once"] and res["c"], f"rank {r}: reused under a kernel that still wrote it: {res}"
+        assert res["landed"], f"rank {r}: the late kernel did not write b after the free: {res}"
+        assert res["reused_after_point"], res
 
 
 # -- GPUs ---------------------------------------------------------------------------------------
@@ -372,6 +470,7 @@ def rank_gpu_capture(allocator):
     spare_at = ctx.heap.offset_of(spare)
     ctx.free(spare)
     del spare
+    ctx.barrier()  # freed blocks go back to the pool at a collective point
     src = torch.arange(1 << 20, device=ctx.get_device(), dtype=torch.float32)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -1,10 +1,13 @@
 """Fused GEMM + communication (ctx.ops) on real ranks, checked element by element against torch's
 matmul plus the collective done by hand (every rank builds every rank's inputs from one seed)."""
+import dataclasses
+
 import pytest
 import torch
 
 import iris
 from iris.ops import FusedConfig, matmul
+from iris.ops.owned_tiles import owned_range
 
 TINY = FusedConfig(block_size_m=16, block_size_n=16, block_size_k=16)
 TOL = {torch.bfloat16: dict(rtol=2e-2, atol=6e-2), torch.float16: dict(rtol=4e-3, atol=1e-2)}
@@ -56,7 +59,8 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
             scale = w * max(p.abs().max().item() for p in parts)
             out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
             A = ins[r][0].t().contiguous().to(dev).t() if call else ins[r][0].to(dev)  # second call: A column-major
-            for c in (cfg, via_ccl) if cfg is streamed else (cfg,):
+            one_shot = dataclasses.replace(cfg, all_reduce_variant="one_shot") if cfg is not None else None
+            for c in (cfg, via_ccl) if cfg is streamed else (cfg,) if cfg is None else (cfg, one_shot):
                 out.fill_(float("nan"))
                 ctx.ops.matmul_all_reduce(out, A, ins[r][1].to(dev), config=c)
                 errors.append(_close(f"matmul_all_reduce {c} call {call}", out, want, dtype, scale))
@@ -64,6 +68,17 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
             ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=cfg)
             errors.append(_close(f"matmul_reduce_scatter {cfg} call {call}", out, want[r * m:(r + 1) * m], dtype,
                                  scale))
+            if cfg is not streamed:  # Iris's layout: output M x N, this rank's tiles
+                out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
+                ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=cfg)
+                bm, bn = (cfg.block_size_m, cfg.block_size_n) if cfg is not None else (256, 64)
+                first, count = owned_range(M, N, bm, bn, r, w)
+                mine = torch.zeros(M, N, dtype=torch.bool)
+                for t in range(first, first + count):
+                    pm, pn = divmod(t, -(-N // bn))
+                    mine[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = True
+                got = torch.where(mine, out.float().cpu(), want)
+                errors.append(_close(f"matmul_reduce_scatter (tiles) {cfg} call {call}", got, want, dtype, scale))
         # matmul_all_gather: A row-sharded, output on the heap
         ins = _inputs(w, [(m, K)], dtype, seed + 13)
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
@@ -78,12 +93,21 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
 def _bad_shapes(ctx):
     """Each bad call must raise naming the problem, before it allocates anything on the heap."""
     w, dev = ctx.get_num_ranks(), ctx.get_device()
-    live = set(ctx.heap.alloc.offsets.live)
+    heap_out = ctx.empty((8 * w, 5), dtype=torch.float16)
     A, B = torch.randn(8, 6, device=dev).half(), torch.randn(6, 5, device=dev).half()
+    other_ws = ctx.ops.matmul_all_reduce_preamble(torch.empty(8, 4, device=dev).half(), A, B[:, :4])
+    live = set(ctx.heap.alloc.offsets.live)
     cases = [
         ("B needs 6 rows", ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),
         ("output must be", ctx.ops.all_gather_matmul, torch.empty(8, 5, device=dev).half(), A, B),
-        ("bfloat16 or torch.float16", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev), A.float(), B.float()),
+        ("torch.float16 or torch.float32", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).double(),
+         A.double(), B.double()),
+        ("supports only", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, config=FusedConfig(
+            all_reduce_variant="ring")), torch.empty(8, 5, device=dev).half(), A, B),
+        ("workspace was built for", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, workspace=other_ws),
+         torch.empty(8, 5, device=dev).half(), A, B),
+        ("not offered", lambda o, a, b: ctx.ops.matmul_all_gather(o, a, b, bias=torch.zeros(8 * w, device=dev)),
+         heap_out, A, B),
         (f"do not split over {w}", ctx.ops.matmul_reduce_scatter, torch.empty(3, 5, device=dev).half(), A[:7], B),
         ("heap tensor", ctx.ops.matmul_all_gather, torch.empty(8 * w, 5, device=dev).half(), A, B),
         ("share a dtype", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).half(), A, B.bfloat16()),
@@ -133,11 +157,16 @@ def test_matmul_world_one_transposed_and_odd():
         matmul(A, B[:49])
     with pytest.raises(ValueError, match="'fused' or 'streamed'"):
         FusedConfig(variant="stream")
+    cfg = FusedConfig()  # Iris's defaults, mutable; validate() checks what was set since
+    assert (cfg.block_size_m, cfg.block_size_n, cfg.block_size_k, cfg.all_reduce_variant) == (256, 64, 64, "two_shot")
+    cfg.all_reduce_variant = "spin"
+    with pytest.raises(ValueError, match="all_reduce_variant"):
+        cfg.validate(world_size=2)
 
 
 def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     """The same tensors called again and again with new data: from the third call on, ops replay a
-    captured graph (iris/launch.py; the streamed variant's whole sequence, iris/ops/streamed.py),
+    captured graph (iris/ccl/launch.py; the streamed variant's whole sequence, iris/ops/streamed.py),
     which must read the new data and advance its epochs."""
     ctx = iris.iris(heap_size=1 << 28)
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()

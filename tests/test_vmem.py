@@ -34,6 +34,7 @@ def rank_random_reuse(n, seed):
     with ctx.scope():
         inside = [ctx.zeros(100) for _ in range(10)]
         marks = [ctx.heap.offset_of(t) for t in inside]
+    ctx.barrier()  # the scope's blocks go back to the pool at a collective point
     reused = ctx.heap.offset_of(ctx.zeros(100)) == marks[0]
     stats = dict(ctx.heap.stats)
     ctx.close()

@@ -1,8 +1,11 @@
 """Allocators: policy only, over the Driver protocol."""
+from .nvshmem import NvshmemAllocator
 from .offsets import Offsets
 from .torch_bump import TorchAllocator
 from .vmem import Segment, VMemAllocator
 
-ALLOCATORS = {"torch": TorchAllocator, "vmem": VMemAllocator}
+# one signature: (driver, heap_size, device, group)
+ALLOCATORS = {"torch": TorchAllocator, "vmem": VMemAllocator, "nvshmem": NvshmemAllocator}
+ALIASES = {"vmem_chunked": "vmem"}  # Iris's name for a VMM heap that grows in chunks: what vmem does
 
-__all__ = ["ALLOCATORS", "Offsets", "Segment", "TorchAllocator", "VMemAllocator"]
+__all__ = ["ALIASES", "ALLOCATORS", "NvshmemAllocator", "Offsets", "Segment", "TorchAllocator", "VMemAllocator"]

@@ -11,10 +11,12 @@ class TorchAllocator:
     """Peers open the block once through IPC; no collective and no driver call per allocation."""
 
     vmm = False
+    one_host = True  # peers open the block through IPC: the context refuses a job spanning hosts
     reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    granularity = 1  # heap sizes are taken as asked
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, device: torch.device):
+    def __init__(self, driver, heap_size: int, device: torch.device, group=None):
         block = torch.empty(heap_size, dtype=torch.uint8, device=device)
         if block.device.type == "cpu":
             block.share_memory_()  # the host driver shares it by fd

@@ -35,13 +35,14 @@ class VMemAllocator:
     """
 
     vmm = True
+    one_host = True  # peers import chunks by fd: the context refuses a job spanning hosts
     reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, chunk_size: int = DEFAULT_CHUNK):
+    def __init__(self, driver, heap_size: int, device=None, group=None, chunk_size: int = DEFAULT_CHUNK):
         self.driver = driver
         g = driver.granularity()
-        self.chunk = round_up(max(chunk_size, g), g)
+        self.chunk = self.granularity = round_up(max(chunk_size, g), g)  # sizes round up to it
         self.size = round_up(heap_size, self.chunk)
         self.base = driver.reserve(self.size)
         self.offsets = CachingOffsets(self.size)

@@ -1,10 +1,22 @@
-"""Kernel parameters of the collectives, and the reductions they offer."""
+"""Kernel parameters of the collectives (Iris's Config fields with Iris's meaning, plus iris's own), and
+the reductions they offer. A Config is mutable, as Iris's is: a collective validates it when it uses
+it, and finds its plan by the values it holds at that moment (Config.key())."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
-VARIANTS = ("auto", "one_shot", "two_shot", "one_shot_push", "two_shot_push")
+from ..errors import IrisError
+
+ALL_REDUCE = ("auto", "atomic", "ring", "two_shot", "one_shot", "spinlock", "one_shot_push", "two_shot_push")
+ALL_GATHER = ("pull", "persistent", "partitioned", "tdm")
+ALL_TO_ALL = ("default", "tdm")
+REDUCE_SCATTER = ("two_shot",)
+GLUON_ONLY = "tdm"
+
+
+class ConfigError(IrisError, ValueError):
+    """A Config field holds a value the collective cannot use; the message names the field and the allowed values."""
 
 
 class ReduceOp(str, Enum):
@@ -14,41 +26,135 @@ class ReduceOp(str, Enum):
     MIN = "min"
 
 
-@dataclass(frozen=True)
-class Config:
-    """Kernel parameters; 0 means "pick for me" (sizes in elements).
+def _device_sms() -> int:
+    """The current GPU's SM count, or 4 where there is none (the Triton interpreter runs programs one
+    after another: more of them buy nothing)."""
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 4
 
-    block_size: elements each program moves per step (a power of two; default 16 KiB worth, 32 KiB
-    for two_shot_push); num_warps: warps per program (default 8, 16 for two_shot_push); comm_sms:
-    most programs one launch uses (default the device's SM count, 4 on the host); all_reduce_variant: "auto", "one_shot" or "two_shot";
-    one_shot_max_bytes: the largest all_reduce that "auto" does in one shot (default 4 MiB on 2 ranks,
-    where one-shot measured faster than two-shot up to 4 MiB on 2x H200; 256 KiB on more ranks, not
-    measured: one-shot reads world-1 full copies). "one_shot_push" and "two_shot_push" move data with
-    remote stores only (each rank writes into its peers' stage, then reduces locally) and read inp
-    once, on the heap or not. "auto" takes two_shot_push above one_shot_max_bytes: on 2x H200 it
-    measured 54 / 748 us at 16 / 256 MiB on heap tensors against the pull two-shot's 57 / 796
-    (plain tensors 58 / 790 against 69 / 975; benchmarks/results/collectives_variants-gpu-2ranks.json).
-    spin_limit: the most polls of a flag before a program gives up waiting for a peer (0: wait for
-    ever, the default). A program that gives up leaves wrong data and marks its flag row with -1; its
-    workspace is then unusable (ctx.ccl.free()). For benchmarks and tests that must not hang.
+
+@dataclass
+class Config:
+    """Collective kernel parameters; docs/collectives.md has the table (field, Iris's meaning, what iris
+    does on NVIDIA, default).
+
+    Iris's fields: block_size_m, block_size_n (a tile's rows and columns: the tile of the atomic,
+    spinlock and ring all_reduce, block_size_m * block_size_n elements of the flattened tensor, as
+    Iris's all_reduce views it); swizzle_size; comm_sms (most programs one launch uses; None: one per
+    SM); num_xcds (1 on NVIDIA: there is one die); chunk_size; use_gluon (all_gather and all_to_all
+    through iris.ccl.gluon); all_gather_variant, all_to_all_variant, all_reduce_variant,
+    reduce_scatter_variant (see the tuples above); all_reduce_distribution (two_shot: 0 strides
+    blocks across ranks, 1 gives each rank one contiguous range); all_reduce_num_rings;
+    all_reduce_ring_slice_n; num_stages; num_warps (None: by variant); threads_per_warp (32 on NVIDIA);
+    waves_per_eu (an AMD occupancy hint, no effect on NVIDIA).
+
+    iris's own: block_size (elements a program moves per step in the flat kernels, a power of two;
+    0: by dtype, benchmarks/collectives.py chose 16 KiB worth, 32 KiB for two_shot_push);
+    one_shot_max_bytes (the largest all_reduce that "auto" does in one shot; 0: 4 MiB on 2 ranks,
+    256 KiB on more, from benchmarks/results/collectives_variants-gpu-2ranks.json); spin_limit (the
+    most polls of a flag before a program gives up; 0 waits for ever; a program that gives up leaves
+    wrong data and marks its flags with -1, the workspace is then unusable: ctx.ccl.free()).
     """
-    block_size: int = 0
-    num_warps: int = 0
-    comm_sms: int = 0
+    block_size_m: int = 32
+    block_size_n: int = 64
+    swizzle_size: int = 4
+    comm_sms: int | None = None
+    num_xcds: int | None = None
+    chunk_size: int | None = None
+    use_gluon: bool = False
+    all_gather_variant: str = "pull"
+    all_to_all_variant: str = "default"
     all_reduce_variant: str = "auto"
+    all_reduce_distribution: int = 1
+    all_reduce_num_rings: int = 1
+    all_reduce_ring_slice_n: int | None = None
+    reduce_scatter_variant: str = "two_shot"
+    num_stages: int = 1
+    num_warps: int | None = None
+    threads_per_warp: int | None = None
+    waves_per_eu: int = 0
+    block_size: int = 0
     one_shot_max_bytes: int = 0
     spin_limit: int = 0
 
     def __post_init__(self):
-        for name in ("block_size", "num_warps", "comm_sms", "one_shot_max_bytes", "spin_limit"):
+        if self.comm_sms is None:
+            self.comm_sms = _device_sms()
+        if self.num_xcds is None:
+            self.num_xcds = 1
+        if self.chunk_size is None and isinstance(self.comm_sms, int) and isinstance(self.num_xcds, int):
+            self.chunk_size = max(1, min(self.swizzle_size * self.swizzle_size, self.comm_sms // max(1, self.num_xcds)))
+        if self.all_reduce_ring_slice_n is None:
+            self.all_reduce_ring_slice_n = self.block_size_n
+        if self.threads_per_warp is None:
+            self.threads_per_warp = 32
+        self.validate()
+        # checked at construction only, as Iris does: iris's ring cuts each tile into world slices itself
+        # (Iris's launch resets the slice to block_size_n // world), so a later block_size_n may not divide
+        v = self.all_reduce_ring_slice_n
+        if v & (v - 1) or self.block_size_n % v:
+            raise ConfigError(f"Config.all_reduce_ring_slice_n ({v}) must be a power of two dividing block_size_n "
+                              f"({self.block_size_n})")
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name != "_key":
+            object.__setattr__(self, "_key", None)
+
+    def key(self) -> tuple:
+        """The values now held, validated: plans are found by it, so a field changed after construction
+        takes effect at the next call (and is checked there)."""
+        k = self.__dict__.get("_key")
+        if k is None:
+            self.validate()
+            k = tuple(getattr(self, f.name) for f in fields(self))
+            object.__setattr__(self, "_key", k)
+        return k
+
+    def validate(self, world: int | None = None) -> None:
+        """Raises ConfigError naming the field and what it may hold. world: also the checks that depend
+        on the number of ranks (the ring's tile split, partitioned all_gather)."""
+        for name in ("block_size_m", "block_size_n", "swizzle_size", "comm_sms", "num_xcds", "chunk_size",
+                     "all_reduce_num_rings", "all_reduce_ring_slice_n", "num_stages", "threads_per_warp"):
+            _int(name, getattr(self, name), 1)
+        for name in ("waves_per_eu", "block_size", "one_shot_max_bytes", "spin_limit"):
+            _int(name, getattr(self, name), 0)
+        if self.num_warps is not None:
+            _int("num_warps", self.num_warps, 1)
+        for name in ("block_size_m", "block_size_n", "block_size", "num_warps"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"Config.{name} must be an int >= 0 (0: automatic), got {v!r}")
-        for name in ("block_size", "num_warps"):
-            v = getattr(self, name)
-            if v & (v - 1):
-                raise ValueError(f"Config.{name} must be a power of two (or 0: automatic), got {v}")
+            if v and v & (v - 1):
+                raise ConfigError(f"Config.{name} must be a power of two (Triton's block shapes are), got {v}")
         if self.block_size and self.block_size < 16:
-            raise ValueError(f"Config.block_size must be at least 16 elements, got {self.block_size}")
-        if self.all_reduce_variant not in VARIANTS:
-            raise ValueError(f"Config.all_reduce_variant must be one of {VARIANTS}, got {self.all_reduce_variant!r}")
+            raise ConfigError(f"Config.block_size must be at least 16 elements (or 0: by dtype), got {self.block_size}")
+        if self.threads_per_warp not in (32, 64):
+            raise ConfigError(f"Config.threads_per_warp must be 32 (NVIDIA) or 64, got {self.threads_per_warp}")
+        if not isinstance(self.use_gluon, bool):
+            raise ConfigError(f"Config.use_gluon must be True or False, got {self.use_gluon!r}")
+        if self.all_reduce_distribution not in (0, 1) or isinstance(self.all_reduce_distribution, bool):
+            raise ConfigError("Config.all_reduce_distribution must be 0 (blocks strided across ranks) or 1 (one "
+                              f"contiguous range per rank), got {self.all_reduce_distribution!r}")
+        for name, allowed in (("all_reduce_variant", ALL_REDUCE), ("all_gather_variant", ALL_GATHER),
+                              ("all_to_all_variant", ALL_TO_ALL), ("reduce_scatter_variant", REDUCE_SCATTER)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"Config.{name} must be one of {', '.join(map(repr, allowed))}, "
+                                  f"got {getattr(self, name)!r}")
+        for name in ("all_gather_variant", "all_to_all_variant"):
+            if getattr(self, name) == GLUON_ONLY and not self.use_gluon:
+                raise ConfigError(f"Config.{name}={GLUON_ONLY!r} is a Gluon kernel: set use_gluon=True, or pick "
+                                  f"another variant")
+        if world is None:
+            return
+        if self.all_reduce_num_rings > self.comm_sms:
+            raise ConfigError(f"Config.all_reduce_num_rings ({self.all_reduce_num_rings}) must be at most comm_sms "
+                              f"({self.comm_sms}): each ring needs a program")
+        if self.all_gather_variant == "partitioned" and self.comm_sms % world:
+            raise ConfigError(f"Config.comm_sms ({self.comm_sms}) must be a multiple of the {world} ranks for "
+                              "all_gather_variant='partitioned' (its programs are split evenly by destination rank)")
+
+
+def _int(name, v, least) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ConfigError(f"Config.{name} must be an int >= {least}, got {v!r}")

@@ -16,7 +16,7 @@ collectives in the same order (NCCL's rule).
 import triton
 import triton.language as tl
 
-from .kernels import _a2a_index, _await, _reduce_ranks
+from .kernels import _a2a_index, _await, _peer_offset, _reduce_ranks
 
 
 @triton.jit
@@ -84,7 +84,7 @@ def group_kernel(inp, out, scratch, members, counters, seen, n, per, cols, me, r
     else:
         for q in tl.static_range(GROUP):
             if MODE != "bc" or q == src:
-                frm = inp + tl.multiple_of((tl.load(members + GROUP + q) - mine) // (16 // VEC), VEC)
+                frm = inp + _peer_offset(members + GROUP, q, mine, VEC)
                 for s in range(lo, hi, BLOCK):
                     o = s + ar
                     mask = o < n

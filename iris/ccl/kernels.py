@@ -54,6 +54,22 @@ def _await(slots, live, target, mark, SPIN: tl.constexpr):
 
 
 @triton.jit
+def _peer_offset(heap_bases, q, mine, VEC: tl.constexpr):
+    """Elements from a pointer in this rank's heap (base mine) to the same offset in rank q's heap
+    (heap_bases: int64 bases; VEC: elements per 16 bytes, so the offset keeps 16-byte alignment)."""
+    return tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+
+
+@triton.jit
+def _epoch(counters, pid):
+    """This program's next epoch: counters[pid] + 1, stored back. Kept on the device so that CUDA graph
+    replays advance it too."""
+    e = tl.load(counters + pid) + 1
+    tl.store(counters + pid, e)
+    return e
+
+
+@triton.jit
 def _a2a_index(o, c, cols, WORLD: tl.constexpr):
     """Where element o of column chunk c sits in a row-major (M, cols * WORLD) tensor."""
     m = o // cols
@@ -76,12 +92,12 @@ def _reduce_ranks(base, o, mask, heap_bases, mine, WORLD: tl.constexpr, VEC: tl.
     """base[o] of every rank combined by OP ("sum", "max", "min"), in rank order so that every rank gets
     the same bits; floats in fp32. base: valid in this rank's view (heap base mine); heap_bases: the
     WORLD ranks' bases, in the order to combine (a group's members for group_kernel); VEC: elements per
-    16 bytes. Peer pointers are computed inline: the interpreter pays for every nested jit call."""
-    acc = tl.load(base + tl.multiple_of((tl.load(heap_bases) - mine) // (16 // VEC), VEC) + o, mask=mask)
+    16 bytes."""
+    acc = tl.load(base + _peer_offset(heap_bases, 0, mine, VEC) + o, mask=mask)
     if IS_FLOAT:
         acc = acc.to(tl.float32)
     for q in tl.static_range(1, WORLD):
-        x = tl.load(base + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, mask=mask)
+        x = tl.load(base + _peer_offset(heap_bases, q, mine, VEC) + o, mask=mask)
         if IS_FLOAT:
             x = x.to(tl.float32)
         acc = _combine(acc, x, OP)
@@ -98,14 +114,11 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
     parity_stride apart) of CHUNKS chunks cs apart (1 chunk, or WORLD for rs and a2a); per: elements
     of each chunk per program (a multiple of BLOCK); cols: columns per rank for a2a.
     Double buffering by parity makes one exchange enough: a rank rewrites a stage copy only after
-    every peer has entered the next call, so after it finished reading that copy.
-    Peer pointers are computed inline (not through translate): the interpreter pays for every nested
-    jit call, and these sit in the inner loops."""
+    every peer has entered the next call, so after it finished reading that copy."""
     CHUNKS: tl.constexpr = WORLD if (MODE == "rs" or MODE == "a2a") else 1
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
-    e = tl.load(counters + pid) + 1  # this program's epoch, kept on the device for graph replays
-    tl.store(counters + pid, e)
+    e = _epoch(counters, pid)
     buf = stage + (e % 2) * parity_stride
     mine = tl.load(heap_bases + rank)
     lo = pid * per
@@ -132,7 +145,7 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
     else:
         for q in tl.static_range(WORLD):
             if MODE != "bc" or q == src:
-                peer = buf + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                peer = buf + _peer_offset(heap_bases, q, mine, VEC)
                 for s in range(lo, hi, BLOCK):
                     o = s + ar
                     mask = o < n
@@ -146,20 +159,31 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
 
 
 @triton.jit
+def _share(c, s, chunk, WORLD: tl.constexpr, BLOCK: tl.constexpr, STRIDED: tl.constexpr):
+    """Where element s of rank c's share starts in the whole tensor: blocks dealt round robin (STRIDED,
+    s a multiple of BLOCK) or one range of chunk elements per rank."""
+    if STRIDED:
+        return ((s // BLOCK) * WORLD + c) * BLOCK
+    return c * chunk + s
+
+
+@triton.jit
 def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, per, rank,
                     WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
-                    IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+                    IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr,
+                    STRIDED: tl.constexpr):
     """all_reduce in two shots: rank r reduces chunk r by pulling it from every peer, then pushes the
     result into every peer. n elements in WORLD chunks of `chunk` (a multiple of 16); per: elements of
     each chunk per program (a multiple of BLOCK). IN_HEAP: peers read inp itself (the same heap tensor
     on every rank), else a staged copy; OUT_HEAP: the result goes straight into the peers' out, else
     into their `gather` buffer, copied to out after the second exchange. Two exchanges per call (ready,
     done) make single buffers safe: a rank writes into a peer only after that peer entered this call,
-    and leaves only after every peer finished reading it."""
+    and leaves only after every peer finished reading it. STRIDED (Config.all_reduce_distribution=0):
+    rank r's share is blocks r, r + WORLD, r + 2*WORLD... of BLOCK elements (chunk then a multiple of
+    BLOCK), else elements [r*chunk, (r+1)*chunk)."""
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
-    e = tl.load(counters + pid) + 1
-    tl.store(counters + pid, e)
+    e = _epoch(counters, pid)
     mine = tl.load(heap_bases + rank)
     lo = pid * per
     hi = tl.minimum(lo + per, chunk)
@@ -170,7 +194,7 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
         src = stage
         for c in tl.static_range(WORLD):
             for s in range(lo, hi, BLOCK):
-                o = c * chunk + s + ar
+                o = _share(c, s, chunk, WORLD, BLOCK, STRIDED) + ar
                 mask = (s + ar < hi) & (o < n)
                 tl.store(stage + o, tl.load(inp + o, mask=mask), mask=mask)
     if OUT_HEAP:
@@ -179,19 +203,19 @@ def two_shot_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chu
         dst = gather
     _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     for s in range(lo, hi, BLOCK):
-        o = rank * chunk + s + ar
+        o = _share(rank, s, chunk, WORLD, BLOCK, STRIDED) + ar
         mask = (s + ar < hi) & (o < n)  # a last block past hi is the next rank's chunk: not ours to write
         r = _reduce_ranks(src, o, mask, heap_bases, mine, WORLD, VEC, OP, IS_FLOAT).to(out.dtype.element_ty)
         tl.store(out + o, r, mask=mask)
         for q in tl.static_range(WORLD):
             if q != rank:
-                tl.store(dst + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC) + o, r, mask=mask)
+                tl.store(dst + _peer_offset(heap_bases, q, mine, VEC) + o, r, mask=mask)
     _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     if not OUT_HEAP:
         for c in tl.static_range(WORLD):
             if c != rank:
                 for s in range(lo, hi, BLOCK):
-                    o = c * chunk + s + ar
+                    o = _share(c, s, chunk, WORLD, BLOCK, STRIDED) + ar
                     mask = (s + ar < hi) & (o < n)
                     tl.store(out + o, tl.load(gather + o, mask=mask), mask=mask)
 
@@ -215,8 +239,7 @@ def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, 
     exchange does that for its single stage and gather buffer."""
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
-    e = tl.load(counters + pid) + 1
-    tl.store(counters + pid, e)
+    e = _epoch(counters, pid)
     buf = stage + (e % 2) * parity_stride
     mine = tl.load(heap_bases + rank)
     lo = pid * per
@@ -232,7 +255,7 @@ def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, 
                     g = i
                 mask = (i < hi) & (g < n)
                 x = tl.load(inp + g, mask=mask)
-                peer = buf + tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                peer = buf + _peer_offset(heap_bases, q, mine, VEC)
                 tl.store(peer + rank * chunk + i, x, mask=mask)
     _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     for s in range(lo, hi, BLOCK):
@@ -257,7 +280,7 @@ def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, 
         if TWO_SHOT:
             for q in tl.static_range(WORLD):
                 if q != rank:
-                    delta = tl.multiple_of((tl.load(heap_bases + q) - mine) // (16 // VEC), VEC)
+                    delta = _peer_offset(heap_bases, q, mine, VEC)
                     if OUT_HEAP:
                         tl.store(out + delta + g, r, mask=mask)
                     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..allocators.offsets import round_up
-from ..launch import Launcher
+from .launch import Launcher
 from .collectives import DTYPES, CollectiveError
 from .config import ReduceOp
 from .pair_kernels import rooted_kernel

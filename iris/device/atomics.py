@@ -17,6 +17,8 @@ import triton.language as tl
 
 from .rma import _hint
 from .translate import _translate
+from . import indirect as _indirect
+from .indirect import INDIRECT_PEERS
 
 
 @triton.jit
@@ -33,6 +35,9 @@ def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.ADD, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_add(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -45,6 +50,9 @@ def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.ADD, ptr, -val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_add(_at(ptr, from_rank, to_rank, heap_bases, hint), -val, mask=mask, sem=sem, scope=scope)
 
 
@@ -58,6 +66,9 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.CAS, ptr, val, cmp, from_rank, to_rank, heap_bases,
+                                None, sem, scope, hint)
     return tl.atomic_cas(_at(ptr, from_rank, to_rank, heap_bases, hint), cmp, val, sem=sem, scope=scope)
 
 
@@ -70,6 +81,9 @@ def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.con
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.XCHG, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_xchg(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -82,6 +96,9 @@ def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.AND, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_and(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -94,6 +111,9 @@ def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.const
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.OR, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_or(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -106,6 +126,9 @@ def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.XOR, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_xor(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -118,6 +141,9 @@ def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.MIN, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_min(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)
 
 
@@ -130,4 +156,7 @@ def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     sem (default acq_rel) orders the caller's other accesses around this one; scope (default gpu)
     says who may rely on that order: "sys" to synchronize with another rank's GPU.
     """
+    if INDIRECT_PEERS:
+        return _indirect.atomic(_indirect.MAX, ptr, val, None, from_rank, to_rank, heap_bases,
+                                mask, sem, scope, hint)
     return tl.atomic_max(_at(ptr, from_rank, to_rank, heap_bases, hint), val, mask=mask, sem=sem, scope=scope)

@@ -10,6 +10,8 @@ import triton
 import triton.language as tl
 
 from .translate import _translate
+from . import indirect as _indirect
+from .indirect import INDIRECT_PEERS
 
 
 @triton.jit
@@ -42,6 +44,9 @@ def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modif
         tuple) applied as tl.multiple_of/tl.max_contiguous to the translated pointer.
     Returns the values read.
     """
+    if INDIRECT_PEERS:
+        return _indirect.load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier, volatile, hint,
+                              eviction_policy)
     p = _hint(_translate(ptr, to_rank, from_rank, heap_bases), hint)
     return _load(p, mask, other, cache_modifier, volatile, eviction_policy)
 
@@ -55,6 +60,8 @@ def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.conste
     from_rank: the caller; to_rank: the rank whose memory is written; heap_bases: ctx.get_heap_bases().
     mask, cache_modifier, eviction_policy: as tl.store. hint: as for load.
     """
+    if INDIRECT_PEERS:
+        return _indirect.store(ptr, value, from_rank, to_rank, heap_bases, mask, hint, cache_modifier, eviction_policy)
     p = _hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
     tl.store(p, value, mask=mask, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
 
@@ -71,6 +78,9 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask=None, other=None,
     and the write; other fills masked lanes of the read; load_/store_cache_modifier go to tl.load/
     tl.store. hint: as for load, applied to the remote pointer and to_ptr.
     """
+    if INDIRECT_PEERS:
+        return _indirect.get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier,
+                             store_cache_modifier, hint)
     data = tl.load(_hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask, other=other,
                    cache_modifier=load_cache_modifier)
     tl.store(_hint(to_ptr, hint), data, mask=mask, cache_modifier=store_cache_modifier)
@@ -85,6 +95,9 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
     written on to_rank; from_rank: the caller; to_rank: the rank written; heap_bases:
     ctx.get_heap_bases(). mask, other, load_/store_cache_modifier, hint: as for get.
     """
+    if INDIRECT_PEERS:
+        return _indirect.put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
+                             store_cache_modifier, hint)
     data = tl.load(_hint(from_ptr, hint), mask=mask, other=other, cache_modifier=load_cache_modifier)
     tl.store(_hint(_translate(to_ptr, from_rank, to_rank, heap_bases), hint), data, mask=mask,
              cache_modifier=store_cache_modifier)
@@ -99,6 +112,9 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
     read; to_rank: the rank written; either may be the caller, or neither; heap_bases:
     ctx.get_heap_bases(). mask, other, load_/store_cache_modifier, hint: as for get.
     """
+    if INDIRECT_PEERS:
+        return _indirect.copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other,
+                              load_cache_modifier, store_cache_modifier, hint)
     data = tl.load(_hint(_translate(src_ptr, cur_rank, from_rank, heap_bases), hint), mask=mask, other=other,
                    cache_modifier=load_cache_modifier)
     tl.store(_hint(_translate(dst_ptr, cur_rank, to_rank, heap_bases), hint), data, mask=mask,

@@ -3,6 +3,8 @@ import triton
 import triton.language as tl
 
 from .translate import _translate
+from . import indirect as _indirect
+from .indirect import INDIRECT_PEERS
 
 
 @triton.jit
@@ -41,6 +43,8 @@ def signal(flag_ptr, value, from_rank, to_rank, heap_bases, op: tl.constexpr = N
     SEM: tl.constexpr = "release" if sem is None else sem
     SCOPE: tl.constexpr = "sys" if scope is None else scope
     tl.static_assert(op is None or op == "set" or op == "add", "op must be 'set' or 'add'")
+    if INDIRECT_PEERS:
+        return _indirect.signal(flag_ptr, value, from_rank, to_rank, heap_bases, op == "add", SEM, SCOPE)
     p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
     if op == "add":
         old = tl.atomic_add(p, value, sem=SEM, scope=SCOPE)
@@ -66,6 +70,8 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, cmp: tl.constexpr = No
     CMP: tl.constexpr = "eq" if cmp is None else cmp
     SEM: tl.constexpr = "acquire" if sem is None else sem
     SCOPE: tl.constexpr = "sys" if scope is None else scope
+    if INDIRECT_PEERS:
+        return _indirect.wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP, SEM, SCOPE)
     p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
     cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
     while _unmet(cur, value, CMP):
@@ -85,6 +91,8 @@ def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
     then spins with acquire until every entry of its own flags reaches that epoch: writes made
     before the barrier on any rank are visible after it on all.
     """
+    if INDIRECT_PEERS:
+        return _indirect.barrier_kernel(flags, rank, world, heap_bases, BLOCK)
     epoch = tl.load(flags + world) + 1
     tl.store(flags + world, epoch)
     peers = tl.arange(0, BLOCK)

@@ -1,7 +1,9 @@
 """Find this rank's job (iris's launcher, torch.distributed, torchrun or MPI) and form its Group.
 
 The launcher hands every rank the private directory and the secret in its environment; with
-torch.distributed or MPI, rank 0 makes them and shares them through the job's own channel.
+torch.distributed or MPI, every rank first says which host it is on through the job's own channel,
+then rank 0 makes the rendezvous and shares it there: a path in its private directory where all
+ranks share its host, otherwise a TCP address of rank 0 (IRIS_ADDR chooses it).
 """
 from __future__ import annotations
 
@@ -10,19 +12,21 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import time
 from datetime import timedelta
 
 from ..errors import BootstrapError
-from .group import Group
+from .group import Group, hostname, tcp_listener
 
 DEFAULT_TIMEOUT = 120.0
 # One rendezvous per job, reused by every group formation: a rank that gave up on one formation
 # (a timeout, a failure before it connected) meets the others at the next, whatever each rank's
 # history. Formations never overlap: each is collective and closes its listener before it returns.
 _SOCKET = "rendezvous.sock"
-_published = None  # (path, secret) that rank 0 shared over torch.distributed or MPI
+_published = None  # the rendezvous rank 0 shared over torch.distributed or MPI: path or tcp, secret, hosts
+_listener = None  # rank 0's TCP listener made to learn its port, handed to the first formation
 _private_dir = None
 
 
@@ -50,25 +54,78 @@ def _from_launcher(timeout):
     return Group(rank, world, path, os.environ["IRIS_JOB_SECRET"], timeout)
 
 
+def _advertised_address() -> str:
+    """An address of this host that the other hosts can reach: IRIS_ADDR, else the one this host
+    routes MASTER_ADDR through (no packet is sent), else what the host name resolves to."""
+    if os.environ.get("IRIS_ADDR"):
+        return os.environ["IRIS_ADDR"]
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, int(os.environ.get("MASTER_PORT", "1"))))
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _new_rendezvous(hosts) -> dict:
+    """Rank 0: the rendezvous of a job whose rank r runs on hosts[r]."""
+    global _listener
+    info = {"secret": job_secret(), "hosts": list(hosts)}
+    if len(set(hosts)) == 1:
+        info["path"] = os.path.join(private_dir(), _SOCKET)
+    else:
+        _listener = tcp_listener((_advertised_address(), int(os.environ.get("IRIS_PORT", "0"))))
+        info["tcp"] = list(_listener.getsockname()[:2])
+    return info
+
+
+def _group(rank: int, world: int, info: dict, timeout: float) -> Group:
+    global _listener
+    listener, _listener = _listener, None
+    address = info["path"] if "path" in info else tuple(info["tcp"])
+    return Group(rank, world, address, info["secret"], timeout, hosts=info["hosts"], listener=listener)
+
+
 def _from_torch(timeout):
     global _published
     import torch.distributed as dist
     rank, world = dist.get_rank(), dist.get_world_size()
-    store = dist.distributed_c10d._get_default_store()
-    key = "iris/rendezvous"
-    if _published is not None:
-        info = _published
-    elif rank == 0:
-        info = {"path": os.path.join(private_dir(), _SOCKET), "secret": job_secret()}
-        store.set(key, json.dumps(info))
-    else:
-        try:
-            store.wait([key], timedelta(seconds=timeout))
-        except Exception as e:  # the store raises its own error types on timeout
-            raise BootstrapError(f"rank {rank}: rank 0 did not publish the rendezvous within {timeout:.1f} s ({e})", [0]) from None
-        info = json.loads(store.get(key))
-    _published = info
-    return Group(rank, world, info["path"], info["secret"], timeout)
+    if _published is None:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"iris/host/{rank}", hostname())
+        if rank == 0:
+            _store_wait(store, [f"iris/host/{r}" for r in range(world)], timeout, rank, "say which host it is on")
+            info = _new_rendezvous([store.get(f"iris/host/{r}").decode() for r in range(world)])
+            store.set("iris/rendezvous", json.dumps(info))
+        else:
+            _store_wait(store, ["iris/rendezvous"], timeout, rank, "publish the rendezvous")
+            info = json.loads(store.get("iris/rendezvous"))
+        _published = info
+    return _group(rank, world, _published, timeout)
+
+
+def _store_wait(store, keys, timeout, rank, what) -> None:
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except Exception as e:  # the store raises its own error types on timeout
+        late = [int(k.rsplit("/", 1)[1]) for k in keys if k.startswith("iris/host/")] or [0]
+        raise BootstrapError(f"rank {rank}: ranks did not {what} through torch.distributed's store within "
+                             f"{timeout:.1f} s ({e})", late if rank == 0 else [0]) from None
+
+
+def _mpi_wait(request, deadline, rank, what, timeout) -> None:
+    """Wait for a nonblocking MPI call, so a missing rank times out instead of hanging."""
+    while not request.Test():
+        if time.monotonic() > deadline:
+            request.Cancel()
+            raise BootstrapError(f"rank {rank}: ranks did not {what} over MPI within {timeout:.1f} s", [0])
+        time.sleep(0.001)
 
 
 def _from_mpi(timeout):
@@ -76,20 +133,20 @@ def _from_mpi(timeout):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
-    if _published is not None:
-        return Group(rank, world, _published["path"], _published["secret"], timeout)
-    buf = bytearray(1024)  # nonblocking broadcast, so a missing rank 0 times out instead of hanging
-    if rank == 0:
-        info = json.dumps({"path": os.path.join(private_dir(), _SOCKET), "secret": job_secret()}).encode()
-        buf[:len(info)] = info
-    request, deadline = comm.Ibcast(buf, root=0), time.monotonic() + timeout
-    while not request.Test():
-        if time.monotonic() > deadline:
-            request.Cancel()
-            raise BootstrapError(f"rank {rank}: rank 0 did not publish the rendezvous over MPI within {timeout:.1f} s", [0])
-        time.sleep(0.001)
-    info = _published = json.loads(bytes(buf).rstrip(b"\0"))
-    return Group(rank, world, info["path"], info["secret"], timeout)
+    if _published is None:
+        deadline, width = time.monotonic() + timeout, 256
+        mine, hosts = bytearray(width), bytearray(width * world)
+        name = hostname().encode()[:width]
+        mine[:len(name)] = name
+        _mpi_wait(comm.Iallgather(mine, hosts), deadline, rank, "say which host they are on", timeout)
+        names = [bytes(hosts[r * width:(r + 1) * width]).rstrip(b"\0").decode() for r in range(world)]
+        buf = bytearray(1024 + width * world)
+        if rank == 0:
+            info = json.dumps(_new_rendezvous(names)).encode()
+            buf[:len(info)] = info
+        _mpi_wait(comm.Ibcast(buf, root=0), deadline, rank, "receive rank 0's rendezvous", timeout)
+        _published = json.loads(bytes(buf).rstrip(b"\0"))
+    return _group(rank, world, _published, timeout)
 
 
 def _torchrun_env() -> bool:

@@ -1,8 +1,9 @@
-"""A job's private rendezvous: ranks meet over AF_UNIX in a 0700 directory, fds travel by SCM_RIGHTS.
+"""A job's private rendezvous: ranks of one host meet over AF_UNIX in a 0700 directory, and fds
+travel by SCM_RIGHTS; ranks on several hosts meet over TCP, where only objects travel.
 
 Star-shaped: every rank keeps one connection to rank 0, which gathers and broadcasts. Nothing is
-unpickled before the peer is authenticated: rank 0 checks the peer's uid (SO_PEERCRED), then both
-sides prove they hold the job's secret with an HMAC over fresh nonces, in fixed-size frames. The
+unpickled before the peer is authenticated: over AF_UNIX rank 0 checks the peer's uid (SO_PEERCRED),
+then both sides prove they hold the job's secret with an HMAC over fresh nonces, in fixed-size frames. The
 handshakes are served concurrently, each with a short deadline, so a silent or hostile client
 cannot hold up the job. Every wait has a deadline; a timeout or a departure names the ranks, and
 once a peer is gone every later collective raises the same BootstrapError.
@@ -20,7 +21,7 @@ import struct
 import time
 from typing import Any, List, Sequence, Tuple
 
-from ..errors import BootstrapError, SymmetryError
+from ..errors import BootstrapError, SpansHostsError, SymmetryError
 
 _HEADER = struct.Struct("!QI")
 MAX_FRAME = 1 << 30      # bytes in one message from an authenticated peer; larger is refused unread
@@ -29,6 +30,12 @@ _FDS_PER_MSG = 250       # under the kernel's SCM_MAX_FD (253)
 _NONCE = 32
 _HELLO = struct.Struct(f"!i{_NONCE}s32s")  # rank, client nonce, HMAC(secret, challenge, rank)
 HANDSHAKE_S = 5.0        # how long one connecting client may take to prove itself
+
+
+def hostname() -> str:
+    """This rank's host as peers compare it; IRIS_HOSTNAME stands in for it (tests give the ranks of
+    one machine different hosts)."""
+    return os.environ.get("IRIS_HOSTNAME") or socket.gethostname()
 
 
 def _mac(secret: str, *parts: bytes) -> bytes:
@@ -79,35 +86,97 @@ def recv_msg(sock: socket.socket) -> Tuple[Any, List[int]]:
     return obj, fds
 
 
-class Group:
-    """Collective channel among `world` ranks of one host. Collective: all ranks, same order."""
+def _family(address) -> int:
+    if isinstance(address, str):
+        return socket.AF_UNIX
+    return socket.AF_INET6 if ":" in address[0] else socket.AF_INET
 
-    def __init__(self, rank: int, world: int, path: str, secret: str, timeout: float):
+
+def tcp_listener(address) -> socket.socket:
+    """A listening TCP socket at (host, port); port 0 picks a free one (read it off getsockname)."""
+    listener = socket.socket(_family(address), socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the next formation rebinds the port
+        listener.bind(tuple(address))
+        listener.listen(128)
+    except OSError as e:
+        listener.close()
+        raise BootstrapError(f"rank 0 cannot listen for the job's ranks at {address[0]}:{address[1]} ({e}); "
+                             "set IRIS_ADDR to an address of this host that every rank can reach", []) from None
+    return listener
+
+
+def _ranks(ranks) -> str:
+    """[0, 1, 2, 5] as '0-2, 5'."""
+    runs, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(runs)
+
+
+class Group:
+    """Collective channel among `world` ranks. Collective: all ranks, same order.
+
+    address is an AF_UNIX path (ranks of one host) or (host, port) of rank 0 over TCP; listener, on
+    rank 0, an already listening socket at that address. hosts[r] is rank r's host: given by the
+    bootstrap where it learnt them, otherwise exchanged once the group is formed."""
+
+    def __init__(self, rank: int, world: int, address, secret: str, timeout: float, hosts=None, listener=None):
         self.rank, self.world, self.timeout = rank, world, timeout
+        self.tcp = not isinstance(address, str)
         self._peers: dict[int, socket.socket] = {}
         self._root: socket.socket | None = None
         self._broken: tuple | None = None  # (message, missing, kind) once a peer is gone
         self._closed = False
-        if world == 1:
-            return
-        if rank == 0:
-            self._accept(path, secret)
-        else:
-            self._connect(path, secret)
+        if world > 1:
+            if rank == 0:
+                self._accept(address, secret, listener)
+            else:
+                self._connect(address, secret)
+        elif listener is not None:
+            listener.close()
+        self.hosts = list(hosts) if hosts is not None else self.allgather(hostname(), "hosts")
+        mine = self.hosts[rank]
+        self.local_ranks = [r for r, h in enumerate(self.hosts) if h == mine]  # ranks of this host, in order
+        self.local_rank = self.local_ranks.index(rank)
+
+    def ranks_by_host(self) -> dict:
+        """host -> its ranks, hosts in the order of their first rank."""
+        out: dict = {}
+        for r, h in enumerate(self.hosts):
+            out.setdefault(h, []).append(r)
+        return out
+
+    def require_one_host(self, what: str, fix: str) -> None:
+        """Raise SpansHostsError (the same on every rank) where the job's ranks are on several hosts."""
+        by_host = self.ranks_by_host()
+        if len(by_host) > 1:
+            where = "; ".join(f"{h}: ranks {_ranks(rs)}" for h, rs in by_host.items())
+            raise SpansHostsError(f"{what} works within one host, but this job's {self.world} ranks are on "
+                                  f"{len(by_host)} hosts ({where}). {fix}")
 
     # -- forming the group -------------------------------------------------
-    def _accept(self, path: str, secret: str) -> None:
+    def _accept(self, address, secret: str, listener=None) -> None:
         deadline = time.monotonic() + self.timeout
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         pending: dict[socket.socket, list] = {}  # client -> [deadline, bytes so far, challenge]
-        try:
+        if listener is None and self.tcp:
+            listener = tcp_listener(address)
+        elif listener is None:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                os.unlink(path)  # left by a rank 0 that died (the directory is the job's own)
-            except FileNotFoundError:
-                pass
-            listener.bind(path)
-            os.chmod(path, 0o600)
-            listener.listen(max(16, 2 * self.world))
+                try:
+                    os.unlink(address)  # left by a rank 0 that died (the directory is the job's own)
+                except FileNotFoundError:
+                    pass
+                listener.bind(address)
+                os.chmod(address, 0o600)
+                listener.listen(max(16, 2 * self.world))
+            except BaseException:
+                listener.close()
+                raise
+        try:
             while len(self._peers) < self.world - 1:
                 now = time.monotonic()
                 for conn in [c for c, st in pending.items() if st[0] <= now]:
@@ -124,10 +193,11 @@ class Group:
             for conn in pending:
                 conn.close()
             listener.close()
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            if not self.tcp:
+                try:
+                    os.unlink(address)
+                except FileNotFoundError:
+                    pass
         missing = [r for r in range(1, self.world) if r not in self._peers]
         if missing:
             self._fail(f"ranks {missing} of {self.world} did not arrive within {self.timeout:.1f} s "
@@ -136,12 +206,15 @@ class Group:
             self._send(conn, ("ok", None), (), r, "joining the group")
 
     def _greet(self, listener, pending) -> None:
-        """A new client: same uid as ours, then a challenge it must answer within HANDSHAKE_S."""
+        """A new client: same uid as ours (AF_UNIX), then a challenge it must answer within HANDSHAKE_S."""
         conn, _ = listener.accept()
         try:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            if struct.unpack("3i", creds)[1] != os.getuid():
-                raise ConnectionRefusedError("another user")
+            if self.tcp:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            else:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                if struct.unpack("3i", creds)[1] != os.getuid():
+                    raise ConnectionRefusedError("another user")
             conn.setblocking(False)
             challenge = secrets.token_bytes(_NONCE)
             if conn.send(challenge) != _NONCE:
@@ -182,16 +255,19 @@ class Group:
             return
         self._peers[rank] = conn
 
-    def _connect(self, path: str, secret: str) -> None:
+    def _connect(self, address, secret: str) -> None:
         deadline = time.monotonic() + self.timeout
+        path = address if not self.tcp else f"{address[0]}:{address[1]}"
         while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = socket.socket(_family(address), socket.SOCK_STREAM)
             try:
                 sock.settimeout(max(0.1, min(HANDSHAKE_S, deadline - time.monotonic())))
-                sock.connect(path)
+                sock.connect(address if not self.tcp else tuple(address))
+                if self.tcp:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 challenge = _recv_exact(sock, _NONCE)
                 break
-            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, socket.timeout):
+            except (FileNotFoundError, ConnectionError, socket.timeout):
                 sock.close()  # no rendezvous yet, or one that ended before we were heard: try again
                 if time.monotonic() > deadline:
                     raise BootstrapError(f"rank {self.rank}: rank 0 did not arrive within {self.timeout:.1f} s "
@@ -215,8 +291,12 @@ class Group:
     # -- collectives -------------------------------------------------------
     def exchange(self, obj: Any, fds: Sequence[int] = (), what: str = "exchange"):
         """Every rank's object and fds. Collective: all ranks, same order, same sizes. fds from
-        peers are new fds the caller owns; the caller's own entry holds its own fds, not copies."""
+        peers are new fds the caller owns; the caller's own entry holds its own fds, not copies.
+        fds travel only over AF_UNIX: a group over TCP refuses them."""
         self._check(what)
+        if fds and self.tcp:
+            raise SpansHostsError(f"rank {self.rank}: {what} sends file descriptors, which travel only between "
+                                  "ranks of one host, but this job's group spans hosts (over TCP)")
         if self.world == 1:
             return [obj], [list(fds)]
         if self.rank != 0:

@@ -45,27 +45,68 @@ def how_it_ended(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def _tee(stream, tail: collections.deque) -> None:
-    """Copy a rank's stderr to ours as it comes, keeping its last lines."""
-    for line in iter(stream.readline, b""):
-        sys.stderr.buffer.write(line)
-        sys.stderr.buffer.flush()
-        tail.append(line.decode(errors="replace").rstrip("\n"))
-    stream.close()
+class Relay:
+    """Copies the ranks' stdout to ours and their stderr to ours, a whole line per write.
+
+    A rank's print reaches its pipe in pieces (text, then the newline, when unbuffered), so ranks
+    writing straight to a shared stream splice each other's lines. Here each rank has its own pipes,
+    lines are read whole, and one lock covers both of our streams, so no line is cut by another even
+    where stdout and stderr go to one file. With prefix, each line starts `[rankN]:`, as torchrun's.
+    """
+
+    def __init__(self, prefix: bool = False):
+        self.prefix, self.lock, self.closed = prefix, threading.Lock(), set()
+
+    def write(self, name: str, data: bytes) -> None:
+        """data (whole lines) to sys.stdout or sys.stderr; a reader that went away is not an error."""
+        with self.lock:
+            if name in self.closed:
+                return
+            stream = getattr(sys, name)
+            try:
+                if hasattr(stream, "buffer"):
+                    stream.flush()
+                    stream.buffer.write(data)
+                    stream.buffer.flush()
+                else:
+                    stream.write(data.decode(errors="replace"))
+                    stream.flush()
+            except (OSError, ValueError):  # a closed pipe (`| head`) or stream: keep draining the ranks
+                self.closed.add(name)
+
+    def say(self, text: str) -> None:
+        """iris.run's own message to stderr, between whole lines of the ranks'."""
+        self.write("stderr", (text + "\n").encode())
+
+    def pump(self, rank: int, pipe, name: str, tail=None) -> None:
+        """Relay one rank's pipe line by line until it closes, keeping its last lines in tail."""
+        tag = f"[rank{rank}]:".encode() if self.prefix else b""
+        for line in iter(pipe.readline, b""):
+            if not line.endswith(b"\n"):  # the last line of a rank that ended without a newline
+                line += b"\n"
+            self.write(name, tag + line)
+            if tail is not None:
+                tail.append(line[:-1].decode(errors="replace"))
+        pipe.close()
 
 
-def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int = 20) -> int:
-    """Run `python argv...` as nprocs ranks; if one fails, stop the rest and say which rank ended,
-    how, and its last lines of stderr. Returns the job's exit code (128 + signal for a killed rank)."""
+def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int = 20, prefix: bool = False) -> int:
+    """Run `python argv...` as nprocs ranks, relaying their output by whole lines (prefix: tag each
+    line `[rankN]:`); if one fails, stop the rest and say which rank ended, how, and its last lines
+    of stderr. Returns the job's exit code (128 + signal for a killed rank)."""
     nprocs = _check_nprocs(nprocs)
     socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
-    procs, tails, tees = [], [collections.deque(maxlen=tail_lines) for _ in range(nprocs)], []
+    procs, tails, pumps = [], [collections.deque(maxlen=tail_lines) for _ in range(nprocs)], []
+    relay = Relay(prefix)
     try:
         for r in range(nprocs):
             env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret))
-            procs.append(subprocess.Popen([sys.executable, *argv], env=env, stderr=subprocess.PIPE))
-            tees.append(threading.Thread(target=_tee, args=(procs[-1].stderr, tails[r]), daemon=True))
-            tees[-1].start()
+            env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the relay as they are printed
+            procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))
+            for pipe, name, tail in ((procs[-1].stdout, "stdout", None), (procs[-1].stderr, "stderr", tails[r])):
+                pumps.append(threading.Thread(target=relay.pump, args=(r, pipe, name, tail), daemon=True))
+                pumps[-1].start()
         failed = None
         while any(p.poll() is None for p in procs):
             failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
@@ -75,13 +116,13 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int
                     time.sleep(0.05)
                 for p in procs:
                     if p.poll() is None:
-                        print(f"iris.run: stopping pid {p.pid} after a rank failed", file=sys.stderr)
+                        relay.say(f"iris.run: stopping pid {p.pid} after a rank failed")
                         p.send_signal(signal.SIGTERM)
                 break
             time.sleep(0.05)
         for p in procs:
             p.wait()
-        for t in tees:
+        for t in pumps:
             t.join(timeout=5)
         if failed is None:
             failed = next((r for r, p in enumerate(procs) if p.returncode), None)
@@ -89,11 +130,11 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int
             return 0
         code = procs[failed].returncode
         lines = "\n".join("  | " + line for line in tails[failed]) or "  (nothing)"
-        print(f"iris.run: rank {failed} (pid {procs[failed].pid}) {how_it_ended(code)}; the last lines of its "
-              f"stderr:\n{lines}", file=sys.stderr)
+        relay.say(f"iris.run: rank {failed} (pid {procs[failed].pid}) {how_it_ended(code)}; the last lines of its "
+                  f"stderr:\n{lines}")
         others = [f"rank {r} {how_it_ended(p.returncode)}" for r, p in enumerate(procs) if r != failed and p.returncode]
         if others:
-            print("iris.run: then " + ", ".join(others), file=sys.stderr)
+            relay.say("iris.run: then " + ", ".join(others))
         return 128 - code if code < 0 else code
     finally:
         for p in procs:

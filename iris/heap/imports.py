@@ -147,7 +147,7 @@ class Imports:
         closer = None
         try:
             layout = self._layout(runs, pages)
-            got = self.group.allgather((runs, metas, layout, self.symmetry.token(call), self._queue()), "as_symmetric")
+            got = self.group.allgather((runs, metas, layout, self.symmetry.token(call), self._point()), "as_symmetric")
             self._stats["exchanges"] += 1
             clock.lap("plan exchange")
             self._release_agreed([o[4] for o in got])

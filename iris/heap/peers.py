@@ -86,7 +86,7 @@ class PeerMaps:
         own = [self.driver.export(s.handle) for s in new or ()]
         layout = [(s.offset, s.size) for s in new or ()]
         try:
-            objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout, self._queue()), own,
+            objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout, self._point()), own,
                                             "heap growth")
         finally:
             close_fds(own)

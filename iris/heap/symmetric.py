@@ -11,6 +11,7 @@ from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryErro
 from ..allocators.sorted_ints import SortedInts
 from ..allocators.vmem import always
 from ..device.translate import bases_tensor
+from . import reach
 from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
@@ -53,6 +54,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                 for p in self.peers:
                     self._peer_va[p] = driver.reserve(self.size)
                     undo.callback(driver.free_va, self._peer_va[p], self.size)
+            elif hasattr(allocator, "peer_bases"):  # memory whose peers' copies its provider maps (NVSHMEM)
+                self._peer_va.update(reach.narrow(allocator.peer_bases(self.peers), self.rank, self.world))
             else:
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
@@ -61,6 +64,14 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
 
     # -- allocation --------------------------------------------------------
+    def allocate(self, num_elements: int, dtype: torch.dtype, alignment: int = 1024) -> torch.Tensor:
+        """Iris's ctx.heap.allocate: a 1-D heap tensor of num_elements. Blocks start 256-byte aligned
+        (what TMA and vector loads need); alignment is accepted for Iris's programs. Collective: all
+        ranks, same order, same sizes."""
+        if isinstance(num_elements, bool) or not isinstance(num_elements, int) or num_elements < 0:
+            raise ValueError(f"allocate: num_elements must be an int >= 0, got {num_elements!r}")
+        return self.new_tensor(torch.Size((num_elements,)), dtype)
+
     def new_tensor(self, shape, dtype: torch.dtype, nbytes=None) -> torch.Tensor:
         """A fresh heap tensor of shape and dtype (nbytes: its size, if known) over a new block: one
         allocation, one view. Collective: all ranks, same order, same sizes.
@@ -91,7 +102,11 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         if needed (never during CUDA graph capture: growth maps memory and exchanges it with peers),
         and garbage collection when the heap is full."""
         try:
-            offset, new = self.alloc.allocate(size, 256, self._may_grow)
+            offset, new = self.alloc.allocate(size, 256, self._grow_now)
+            if offset is None and self._may_grow():  # freed blocks wait for reuse
+                if self._waiting_bytes() >= max(size, self.alloc.chunk):  # worth a point before growing
+                    self._release_agreed(self.group.allgather(self._point(), "allocate (reuse before growth)"))
+                offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
                 self._grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
@@ -108,8 +123,19 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self._grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
         return offset
 
+    def _grow_now(self) -> bool:
+        """may_grow for a first try: not while freed blocks wait. _allocate then passes a point first when
+        a chunk (and the request) waits; with less it grows, so that a loop of allocate and free with
+        no collective point does not pass one per allocation (growth's own exchange returns what has
+        finished, so the heap stays within about a chunk of that)."""
+        return not (self._freed or self._waiting) and self._may_grow()
+
+    def _waiting_bytes(self) -> int:
+        return sum(b.nbytes for b in self._freed) + sum(b.nbytes for w in self._waiting.values() for b in w)
+
     def free(self, offset: int) -> int:
-        """Give the block at offset back for reuse. Collective: all ranks, same order."""
+        """Give the block at offset back for reuse once the work queued before this free has finished
+        on every rank (see lifetime.py). Collective: all ranks, same order."""
         block = self._at.get(offset)
         if block is not None:
             return self.free_block(block)
@@ -127,10 +153,11 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         the blocks collected as agreed garbage)."""
         return {"allocations": self._serial, "frees": self._frees, **self._stats}
 
-    def check_symmetry(self, pending: str = "", what: str = "barrier") -> None:
-        """Compare every rank's call digest and release agreed garbage; doubles as a barrier.
-        Collective: all ranks."""
-        got = self.group.allgather((self.symmetry.token(pending), self._queue()), what)
+    def check_symmetry(self, pending: str = "", what: str = "barrier", sync=None) -> None:
+        """Compare every rank's call digest and release agreed garbage; doubles as a barrier. sync: a
+        stream, or True for the whole device, that each rank waits for first (ctx.barrier): then what
+        was freed before it goes back to the pool here. Collective: all ranks."""
+        got = self.group.allgather((self.symmetry.token(pending), self._point(sync)), what)
         self.symmetry.compare([g[0] for g in got], self.rank, f"{what} before {pending}" if pending else what)
         self._release_agreed([g[1] for g in got])
 
@@ -222,6 +249,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         except (BootstrapError, OSError):
             pass  # a peer is gone: still release what this rank holds
         try:
+            if getattr(self.alloc, "free_is_collective", False) and self._held_anywhere():
+                self.alloc.keep()  # its free must be made by all ranks at once: not possible at each one's GC
             if self._alive:
                 self._teardown_pending = True
             else:
@@ -230,6 +259,13 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self.group.close()
         if diverged is not None:
             raise diverged
+
+    def _held_anywhere(self) -> bool:
+        """Whether any rank still holds a tensor over the heap (True where a peer cannot answer)."""
+        try:
+            return any(self.group.allgather(self._alive > 0, "close: tensors still held"))
+        except (BootstrapError, OSError):
+            return True
 
     def _teardown(self) -> None:
         try:

@@ -1,37 +1,69 @@
-"""iris.ops: GEMMs fused with communication, as ctx.ops.NAME(output, A, B, config=None).
+"""iris.ops: GEMMs fused with communication, as ctx.ops.NAME(output, A, B, ...) or, as Iris spells
+them, iris.ops.NAME(ctx, output, A, B, ...).
 
 Every op is collective: all ranks call it in the same order with the same shapes, dtypes and
 config. The first call for a (shapes, dtype, config) allocates that op's workspace on the heap
 (collectively) and keeps it; NAME_preamble does that ahead of time and returns it, to pass as
 workspace= (for CUDA-graph capture, allocate before capturing). Calls are ordered on the current
-stream, never synchronize the host and can be captured in a CUDA graph.
+stream and the output is complete on every rank when the op's work ends in that order, so they
+never synchronize the host (async_op is accepted for Iris's programs: no barrier is needed) and can
+be captured in a CUDA graph. Every op returns its workspace, as Iris's do.
 
-Two variants (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS by
-chunks of rows with copy-engine transfers on side streams (streamed.py). None picks what measured
-faster on 2x H200 (docs/collectives.md): streamed for matmul_all_reduce from 1024 rows and for a
-large matmul_reduce_scatter, fused otherwise, and always on the host.
+Layouts follow the shapes. all_gather_matmul: A row-sharded (m x K, B K x N, output world*m x N),
+or Iris's column-sharded A (M x K_local, B world*K_local x N, output M x N). matmul_reduce_scatter:
+output M/world x N takes this rank's rows; output M x N is Iris's layout, this rank's tiles
+(owned_tiles.py). matmul_all_reduce: FusedConfig.all_reduce_variant "one_shot" or "two_shot".
+
+Two implementations (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS
+by chunks of rows with copy-engine transfers on side streams (streamed.py). With config=None iris
+picks what measured faster on 2x H200 (docs/collectives.md): streamed for matmul_all_reduce from
+1024 rows and for a large row-layout matmul_reduce_scatter, fused otherwise, and always on the host.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
 
 from . import all_gather_matmul as _agm
+from . import gather_k as _gk
 from . import matmul_all_gather as _mag
 from . import matmul_reduce as _mr
+from . import owned_tiles as _ot
 from . import streamed as _st
 from .config import FusedConfig
 from .gemm import interpreted, matmul
+from .workspace import FusedWorkspace
 
-# where "streamed" measured faster on 2x H200 (benchmarks/results/gemm_comm-fused-gpu-2ranks.json,
-# N=8192, K=8192 over 2 ranks): matmul_all_reduce from 1024 output rows (at 512: fused 90 us, streamed
-# 95), matmul_reduce_scatter at 8192 rows (753 against 853 us; smaller sizes not measured, hence the
-# bound at a quarter of that). all_gather_matmul: fused (1468 against 1718 us at 8192 rows).
+# where "streamed" measured faster on 2x H200 (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
 STREAMED_MIN_ROWS = 1024
 STREAMED_MIN_MACS = 1 << 36
+IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
 
-__all__ = ["FusedConfig", "OpsNamespace", "matmul"]
+__all__ = ["FusedConfig", "FusedWorkspace", "OpsNamespace", "all_gather_matmul", "all_gather_matmul_preamble", "matmul",
+           "matmul_all_gather", "matmul_all_gather_preamble", "matmul_all_reduce", "matmul_all_reduce_preamble",
+           "matmul_reduce_scatter", "matmul_reduce_scatter_preamble"]
+
+
+def _check_bias(name, bias, output):
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1
+                             or bias.shape[0] != output.shape[0] or bias.device != output.device):
+        raise ValueError(f"{name}: bias must be a 1-D tensor of the output's {output.shape[0]} rows on "
+                         f"{output.device} (added to every column, as Iris does), got "
+                         f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+
+
+def _tagged(ws: dict, op: str) -> FusedWorkspace:
+    """The workspace as a FusedWorkspace, marked with the kernel it was built for."""
+    ws = FusedWorkspace(ws)
+    ws["op"] = op
+    return ws
+
+
+def _shaped(shape, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of this shape that takes no memory: for checks and workspace keys before the output exists."""
+    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*shape)
 
 
 class OpsNamespace:
@@ -47,15 +79,32 @@ class OpsNamespace:
 
     def _ws(self, name, output, A, B, config, make):
         key = (name, tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device,
-               config)
+               None if config is None else config.key())
         ws = self._workspaces.get(key)
         if ws is None:
             ws = self._workspaces[key] = make()
+            ws["built_for"] = key[:6]
         return ws
 
+    def _given(self, name, kind, output, A, B, config, workspace):
+        """A workspace passed back: checked against these tensors; an empty FusedWorkspace is filled."""
+        if not isinstance(workspace, dict):
+            raise TypeError(f"{name}: workspace must be what {name}_preamble or {name} returned, got "
+                            f"{type(workspace).__name__}")
+        if not workspace:
+            workspace.update(self._preamble(kind, output, A, B, config))
+            return workspace
+        self._kind(kind, output, A, B, config)
+        built = workspace.get("built_for", ())
+        if built[1:] != (tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device):
+            raise ValueError(f"{name}: the workspace was built for A {built[1:2]}, B {built[2:3]}, output "
+                             f"{built[3:4]} {built[4:6]}, not A {tuple(A.shape)}, B {tuple(B.shape)}, output "
+                             f"{tuple(output.shape)} {A.dtype} on {A.device}; build one with {name}_preamble")
+        return workspace
+
     def _variant(self, kind, output, A, B, config) -> str:
-        if config is not None and config.variant is not None:
-            return config.variant if self._ctx.world > 1 else "fused"
+        if config is not None:
+            return (config.variant or "fused") if self._ctx.world > 1 else "fused"
         if A.device.type != "cuda" or interpreted() or self._ctx.world == 1:
             return "fused"
         if kind == "ar":
@@ -64,74 +113,174 @@ class OpsNamespace:
             return "streamed" if A.shape[0] * output.shape[1] * A.shape[1] >= STREAMED_MIN_MACS else "fused"
         return "fused"
 
+    def _kind(self, kind, output, A, B, config) -> str:
+        """The op's layout and algorithm from the shapes and config, checked (before any allocation)."""
+        w = self._ctx.world
+        if config is not None:
+            config.validate(w)
+        if kind == "ag":
+            if w > 1 and B.dim() == 2 and A.dim() == 2 and B.shape[0] == w * A.shape[1]:
+                _gk.check(A, B, output, w)
+                return "ag_k"
+            _agm.check(A, B, output, w)
+        elif kind == "ar":
+            _mr.check("matmul_all_reduce", A, B, output, w, False)
+            if config is not None and config.variant != "streamed":
+                if config.all_reduce_variant not in ("one_shot", "two_shot"):
+                    raise ValueError(f"matmul_all_reduce supports only all_reduce_variant 'one_shot' and 'two_shot', "
+                                     f"got {config.all_reduce_variant!r}")
+                if config.all_reduce_variant == "two_shot" and w > 1:
+                    return "ar_tiles"
+        elif kind == "rs" and w > 1 and output.dim() == 2 and A.dim() == 2 and tuple(output.shape) == tuple(
+                A.shape[:1]) + tuple(B.shape[1:]):
+            _mr.check("matmul_reduce_scatter", A, B, output, 1, False)
+            if config is not None and config.variant == "streamed":
+                raise ValueError("matmul_reduce_scatter: the streamed variant takes the row layout (output "
+                                 f"{A.shape[0] // w}x{B.shape[1]}); Iris's tile layout (output M x N) runs fused")
+            return "rs_tiles"
+        elif kind == "rs":
+            _mr.check("matmul_reduce_scatter", A, B, output, w, True)
+        elif kind == "mag":
+            _mag.check(self._ctx, A, B, output)
+        return kind
+
     def _preamble(self, kind, output, A, B, config):
         ctx = self._ctx
+        kind = self._kind(kind, output, A, B, config)
+        if kind in ("ar_tiles", "rs_tiles"):
+            cfg = config or FusedConfig()
+            cfg = dataclasses.replace(cfg, **{k: v for k, v in IRIS_TILE.items() if getattr(cfg, k) is None})
+            return self._ws(kind, output, A, B, cfg, lambda: _tagged(_ot.preamble(ctx, output, A, B, cfg,
+                                                                                kind == "ar_tiles"), kind))
+        if kind == "ag_k":
+            return self._ws(kind, output, A, B, None, lambda: _tagged(_gk.preamble(ctx, output, A, B), kind))
+        if kind == "mag":
+            return self._ws(kind, output, A, B, config, lambda: _tagged(_mag.preamble(ctx, output, A, B, config),
+                                                                        kind))
         if self._variant(kind, output, A, B, config) == "streamed":
             chunks = config.chunks if config is not None and config.chunks else {"ag": 1, "ar": 2, "rs": 4}[kind]
             comm_sms = config.comm_sms if config is not None else None
             return self._ws(kind + "/streamed", output, A, B, config,
-                            lambda: _st.preamble(ctx, kind, output, A, B, chunks, comm_sms))
+                            lambda: _tagged(_st.preamble(ctx, kind, output, A, B, chunks, comm_sms), "streamed"))
         make = {"ag": lambda: _agm.preamble(ctx, output, A, B, config),
                 "ar": lambda: _mr.preamble(ctx, output, A, B, config, scatter=False),
                 "rs": lambda: _mr.preamble(ctx, output, A, B, config, scatter=True)}[kind]
-        return self._ws(kind, output, A, B, config, make)
+        return self._ws(kind, output, A, B, config, lambda: _tagged(make(), kind))
 
-    def _run(self, kind, output, A, B, config, ws):
-        if "kind" in ws:  # a streamed workspace
-            return _st.run(self._ctx, output, A, B, ws)
-        if kind == "ag":
-            return _agm.run(self._ctx, output, A, B, config, ws)
-        return _mr.run(self._ctx, output, A, B, config, ws, scatter=kind == "rs")
+    def _call(self, kind, name, output, A, B, bias, config, workspace):
+        _check_bias(name, bias, output)
+        if bias is not None and kind == "mag":  # each rank's rows would carry its own bias, before they are sent
+            raise ValueError("matmul_all_gather: bias is not offered; add it to the output rows afterwards")
+        ws = (self._given(name, kind, output, A, B, config, workspace) if workspace is not None
+              else self._preamble(kind, output, A, B, config))
+        ctx, op = self._ctx, ws["op"]
+        if op == "streamed":
+            _st.run(ctx, output, A, B, ws)
+        elif op in ("ar_tiles", "rs_tiles"):
+            _ot.run(ctx, output, A, B, ws)
+        elif op == "ag_k":
+            _gk.run(ctx, output, A, B, config, ws)
+        elif op == "ag":
+            _agm.run(ctx, output, A, B, config, ws)
+        elif op == "mag":
+            _mag.run(ctx, output, A, B, config, ws)
+        else:
+            _mr.run(ctx, output, A, B, config, ws, scatter=op == "rs")
+        if bias is not None:
+            output.add_(bias[:, None])
+        return ws
 
-    # all_gather_matmul -------------------------------------------------------------------------
-    def all_gather_matmul_preamble(self, output, A, B, config: Optional[FusedConfig] = None) -> dict:
-        """Workspace for all_gather_matmul at these shapes. Collective: all ranks, same order, same sizes."""
-        _agm.check(A, B, output, self._ctx.world)
-        return self._preamble("ag", output, A, B, config)
+    # the ops, with Iris's signatures -----------------------------------------------------------
+    def all_gather_matmul_preamble(self, *tensors, config: Optional[FusedConfig] = None) -> dict:
+        """Workspace for all_gather_matmul: (output, A, B) or, as Iris, (A_sharded, B).
+        Collective: all ranks, same order, same sizes."""
+        if len(tensors) == 2:
+            A, B = tensors
+            w = self._ctx.world
+            rows = A.shape[0] if w > 1 and B.shape[0] == w * A.shape[1] else w * A.shape[0]
+            tensors = (_shaped((rows, B.shape[1]), A), A, B)
+        return self._preamble("ag", *tensors, config)
 
-    def all_gather_matmul(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                          config: Optional[FusedConfig] = None, workspace: Optional[dict] = None) -> torch.Tensor:
-        """output (world*m x N) = all_gather(A, rows) @ B; A: this rank's m x K rows, B: K x N (the same on
-        every rank). Collective: all ranks, same order, same sizes."""
-        _agm.check(A, B, output, self._ctx.world)
-        return self._run("ag", output, A, B, config, workspace or self._preamble("ag", output, A, B, config))
+    def all_gather_matmul(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, bias=None,
+                          async_op: bool = False, config: Optional[FusedConfig] = None, workspace=None) -> dict:
+        """output = all_gather(A) @ B (+ bias per row). A row-sharded (m x K per rank, output world*m x N)
+        or column-sharded as Iris (M x K_local per rank, B world*K_local x N, output M x N); B the same on
+        every rank. Collective: all ranks, same order, same sizes."""
+        return self._call("ag", "all_gather_matmul", output, A, B, bias, config, workspace)
 
-    # matmul_all_reduce -------------------------------------------------------------------------
-    def matmul_all_reduce_preamble(self, output, A, B, config: Optional[FusedConfig] = None) -> dict:
+    def matmul_all_reduce_preamble(self, output, A, B, config: Optional[FusedConfig] = None, workspace=None) -> dict:
         """Workspace for matmul_all_reduce at these shapes. Collective: all ranks, same order, same sizes."""
-        _mr.check("matmul_all_reduce", A, B, output, self._ctx.world, False)
-        return self._preamble("ar", output, A, B, config)
+        return workspace if workspace is not None else self._preamble("ar", output, A, B, config)
 
-    def matmul_all_reduce(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                          config: Optional[FusedConfig] = None, workspace: Optional[dict] = None) -> torch.Tensor:
-        """output (M x N) = sum over ranks of A_r (M x k) @ B_r (k x N), on every rank: a row-parallel layer.
-        Collective: all ranks, same order, same sizes."""
-        _mr.check("matmul_all_reduce", A, B, output, self._ctx.world, False)
-        return self._run("ar", output, A, B, config, workspace or self._preamble("ar", output, A, B, config))
+    def matmul_all_reduce(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, bias=None,
+                          async_op: bool = False, config: Optional[FusedConfig] = None, workspace=None) -> dict:
+        """output (M x N) = sum over ranks of A_r (M x k) @ B_r (k x N) (+ bias per row), on every rank: a
+        row-parallel layer. Collective: all ranks, same order, same sizes."""
+        return self._call("ar", "matmul_all_reduce", output, A, B, bias, config, workspace)
 
-    # matmul_reduce_scatter ---------------------------------------------------------------------
-    def matmul_reduce_scatter_preamble(self, output, A, B, config: Optional[FusedConfig] = None) -> dict:
+    def matmul_reduce_scatter_preamble(self, output, A, B, config: Optional[FusedConfig] = None,
+                                       workspace=None) -> dict:
         """Workspace for matmul_reduce_scatter at these shapes. Collective: all ranks, same order, same sizes."""
-        _mr.check("matmul_reduce_scatter", A, B, output, self._ctx.world, True)
-        return self._preamble("rs", output, A, B, config)
+        return workspace if workspace is not None else self._preamble("rs", output, A, B, config)
 
-    def matmul_reduce_scatter(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                              config: Optional[FusedConfig] = None, workspace: Optional[dict] = None) -> torch.Tensor:
-        """output (M/world x N) = rows [rank*M/world, (rank+1)*M/world) of sum over ranks of A_r @ B_r.
-        Collective: all ranks, same order, same sizes."""
-        _mr.check("matmul_reduce_scatter", A, B, output, self._ctx.world, True)
-        return self._run("rs", output, A, B, config, workspace or self._preamble("rs", output, A, B, config))
+    def matmul_reduce_scatter(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, bias=None,
+                              async_op: bool = False, config: Optional[FusedConfig] = None, workspace=None) -> dict:
+        """This rank's share of sum over ranks of A_r @ B_r: output M/world x N takes rows [rank*M/world,
+        (rank+1)*M/world); output M x N (Iris's layout) gets this rank's tiles (see owned_tiles), the
+        others left as they were. Collective: all ranks, same order, same sizes."""
+        return self._call("rs", "matmul_reduce_scatter", output, A, B, bias, config, workspace)
 
-    # matmul_all_gather -------------------------------------------------------------------------
     def matmul_all_gather_preamble(self, output, A, B, config: Optional[FusedConfig] = None) -> dict:
         """Workspace for matmul_all_gather at these shapes. Collective: all ranks, same order, same sizes."""
-        return self._ws("matmul_all_gather", output, A, B, config,
-                        lambda: _mag.preamble(self._ctx, output, A, B, config))
+        return self._preamble("mag", output, A, B, config)
 
-    def matmul_all_gather(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                          config: Optional[FusedConfig] = None, workspace: Optional[dict] = None) -> torch.Tensor:
+    def matmul_all_gather(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, bias=None,
+                          async_op: bool = False, config: Optional[FusedConfig] = None, workspace=None) -> dict:
         """output (world*m x N, a heap tensor) = all_gather(A (m x K) @ B (K x N), rows) on every rank.
         Collective: all ranks, same order, same sizes."""
-        _mag.check(self._ctx, A, B, output)
-        ws = workspace or self.matmul_all_gather_preamble(output, A, B, config)
-        return _mag.run(self._ctx, output, A, B, config, ws)
+        return self._call("mag", "matmul_all_gather", output, A, B, bias, config, workspace)
+
+
+# Iris's module-level spelling: the context first ------------------------------------------------
+def matmul_all_reduce(shmem, C, A, B, async_op=False, config=None, workspace=None) -> dict:
+    """C = sum over ranks of A_r @ B_r on every rank (see OpsNamespace). Collective: all ranks, same order, same sizes."""
+    return shmem.ops.matmul_all_reduce(C, A, B, async_op=async_op, config=config, workspace=workspace)
+
+
+def matmul_all_reduce_preamble(shmem, C, A, B, config=None, workspace=None) -> dict:
+    """Workspace for matmul_all_reduce. Collective: all ranks, same order, same sizes."""
+    return shmem.ops.matmul_all_reduce_preamble(C, A, B, config=config, workspace=workspace)
+
+
+def matmul_reduce_scatter(shmem, C, A, B, async_op=False, config=None, workspace=None) -> dict:
+    """This rank's rows or (C M x N) tiles of sum over ranks of A_r @ B_r. Collective: all ranks, same order,
+    same sizes."""
+    return shmem.ops.matmul_reduce_scatter(C, A, B, async_op=async_op, config=config, workspace=workspace)
+
+
+def matmul_reduce_scatter_preamble(shmem, C, A, B, config=None, workspace=None) -> dict:
+    """Workspace for matmul_reduce_scatter. Collective: all ranks, same order, same sizes."""
+    return shmem.ops.matmul_reduce_scatter_preamble(C, A, B, config=config, workspace=workspace)
+
+
+def all_gather_matmul(shmem, output_tensor, A_sharded, B, bias=None, async_op=False, config=None,
+                      workspace=None) -> dict:
+    """output = all_gather(A_sharded) @ B (+ bias per row). Collective: all ranks, same order, same sizes."""
+    return shmem.ops.all_gather_matmul(output_tensor, A_sharded, B, bias=bias, async_op=async_op, config=config,
+                                       workspace=workspace)
+
+
+def all_gather_matmul_preamble(shmem, A_sharded, B, config=None) -> dict:
+    """Workspace for all_gather_matmul. Collective: all ranks, same order, same sizes."""
+    return shmem.ops.all_gather_matmul_preamble(A_sharded, B, config=config)
+
+
+def matmul_all_gather(shmem, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None) -> dict:
+    """output = all_gather(A @ B, rows) on every rank. Collective: all ranks, same order, same sizes."""
+    return shmem.ops.matmul_all_gather(output_tensor, A, B, bias=bias, async_op=async_op, config=config,
+                                       workspace=workspace)
+
+
+def matmul_all_gather_preamble(shmem, output_tensor, A, B, config=None) -> dict:
+    """Workspace for matmul_all_gather. Collective: all ranks, same order, same sizes."""
+    return shmem.ops.matmul_all_gather_preamble(output_tensor, A, B, config=config)

@@ -108,7 +108,7 @@ def preamble(ctx, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, config
     """The workspace for these shapes: gather buffer, per-block flags, ctl.
     Collective: all ranks, same order, same sizes."""
     check(A, B, output, ctx.world)
-    t = tiles_for(output.shape[0], output.shape[1], A.device, config)
+    t = tiles_for(output.shape[0], output.shape[1], A.device, config, A.element_size())
     m, k = A.shape
     chunks = triton.cdiv(max(m, 1), t.bm)
     ws = {"gather": ctx.empty(ctx.world * m, k, dtype=A.dtype), "flags": ctx.zeros(ctx.world * chunks,

@@ -1,30 +1,48 @@
-"""FusedConfig: the tile sizes and launch shape of the fused GEMM + communication kernels."""
+"""FusedConfig: the tile sizes, launch shape and algorithm of the fused GEMM + communication ops."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Optional
 
+ALL_REDUCE_VARIANTS = ("atomic", "ring", "one_shot", "two_shot", "spinlock")  # the names Iris accepts
+CACHE_MODIFIERS = (None, "", ".ca", ".cg", ".cs", ".cv", ".wb", ".wt")
 
-@dataclass(frozen=True)
+
+@dataclass
 class FusedConfig:
-    """Tuning knobs (Iris's names). None means: chosen from the shape and the device.
+    """Iris's fields with Iris's defaults, plus iris's own. Mutable, as Iris's: checked by validate(),
+    which every op calls.
 
-    block_size_m/n/k: the GEMM tile; group_size_m: tiles of that many rows share B columns in L2
-    (grouped order); num_sms: programs of the persistent grid (default: every SM, or a few under
-    the interpreter); comm_sms: programs that only move data: all_gather_matmul's pushers; in
-    the streamed matmul_all_reduce, reduce each chunk with ctx.ccl.all_reduce on that many programs
-    (instead of the copy engine and an add);
-    num_stages/num_warps: Triton's software pipeline depth and warps per program.
-    variant: "fused" (the persistent kernel), "streamed" (torch.matmul by chunks of rows on the caller's
-    stream, copy-engine transfers on side streams: iris/ops/streamed.py) or None (by shape and device,
-    as measured: docs/collectives.md); chunks: row chunks of the streamed variant (per owner for
-    matmul_reduce_scatter).
+    block_size_m/n/k: the GEMM tile (None: chosen from the shape and the device); group_size_m: tiles
+    of that many rows share B columns in L2; num_sms: programs of the persistent grid (default every
+    SM, or one under the interpreter); all_reduce_variant: matmul_all_reduce's algorithm, "two_shot"
+    (each rank reduces the tiles it owns and sends them to every rank) or "one_shot" (every rank
+    receives every partial and reduces all); Iris's other names raise, as in Iris.
+    Accepted for Iris's programs, without effect on NVIDIA (docs/porting-from-iris.md): num_xcds,
+    chunk_size (AMD chiplets), cache_modifier_a/b (operands are read through TMA or plain loads),
+    all_reduce_num_rings (the ring variant), reduce_num_sms (no separate reduction kernel here).
+    allow_tf32: float32 operands multiply in TF32, as Iris's default; False is not offered.
+
+    iris's own: comm_sms: programs that only move data (all_gather_matmul's pushers; in the streamed
+    matmul_all_reduce, reduce each chunk with ctx.ccl.all_reduce on that many programs);
+    num_stages/num_warps: Triton's pipeline depth and warps per program; variant: "fused" (one
+    persistent kernel), "streamed" (torch.matmul by chunks of rows, copy-engine transfers on side
+    streams: iris/ops/streamed.py) or None: with config=None iris picks by shape and device
+    (docs/collectives.md); with a config, "fused"; chunks: row chunks of the streamed variant.
     """
-    block_size_m: Optional[int] = None
-    block_size_n: Optional[int] = None
-    block_size_k: Optional[int] = None
-    group_size_m: int = 8
+    block_size_m: Optional[int] = 256
+    block_size_n: Optional[int] = 64
+    block_size_k: Optional[int] = 64
+    group_size_m: int = 1
     num_sms: Optional[int] = None
+    num_xcds: int = 1
+    chunk_size: int = 1
+    cache_modifier_a: Optional[str] = ".ca"
+    cache_modifier_b: Optional[str] = ".ca"
+    allow_tf32: bool = True
+    all_reduce_variant: str = "two_shot"
+    all_reduce_num_rings: int = 1
+    reduce_num_sms: int = 64
     comm_sms: Optional[int] = None
     num_stages: Optional[int] = None
     num_warps: Optional[int] = None
@@ -32,13 +50,37 @@ class FusedConfig:
     chunks: Optional[int] = None
 
     def __post_init__(self):
+        self.validate()
+
+    def key(self) -> tuple:
+        """The fields' values now: what a workspace built for this config depends on."""
+        return astuple(self)
+
+    def validate(self, world_size: Optional[int] = None) -> None:
+        """Raise ValueError naming the first bad field (Iris's check, and the limits of iris's kernels)."""
         for name in ("block_size_m", "block_size_n", "block_size_k"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1)):
-                raise ValueError(f"FusedConfig.{name} must be a power of two >= 16, got {v!r}")
-        if self.variant not in (None, "fused", "streamed"):
-            raise ValueError(f"FusedConfig.variant must be None, 'fused' or 'streamed', got {self.variant!r}")
-        for name in ("group_size_m", "num_sms", "comm_sms", "num_stages", "num_warps", "chunks"):
+                raise ValueError(f"FusedConfig.{name} must be a power of two >= 16 (or None: chosen by shape), "
+                                 f"got {v!r}")
+        for name in ("group_size_m", "num_xcds", "chunk_size", "all_reduce_num_rings", "reduce_num_sms", "num_sms",
+                     "comm_sms", "num_stages", "num_warps", "chunks"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"FusedConfig.{name} must be a positive int, got {v!r}")
+        if self.all_reduce_variant not in ALL_REDUCE_VARIANTS:
+            raise ValueError(f"FusedConfig.all_reduce_variant must be one of {list(ALL_REDUCE_VARIANTS)}, "
+                             f"got {self.all_reduce_variant!r}")
+        if self.all_reduce_variant == "ring" and world_size is not None and self.block_size_n is not None \
+                and self.block_size_n % world_size:
+            raise ValueError(f"FusedConfig: the ring variant needs block_size_n ({self.block_size_n}) divisible by "
+                             f"the world size ({world_size})")
+        if self.variant not in (None, "fused", "streamed"):
+            raise ValueError(f"FusedConfig.variant must be None, 'fused' or 'streamed', got {self.variant!r}")
+        for name in ("cache_modifier_a", "cache_modifier_b"):
+            if getattr(self, name) not in CACHE_MODIFIERS:
+                raise ValueError(f"FusedConfig.{name} must be one of {list(CACHE_MODIFIERS)}, got "
+                                 f"{getattr(self, name)!r}")
+        if self.allow_tf32 is not True:
+            raise ValueError("FusedConfig.allow_tf32=False is not offered: iris's kernels multiply float32 in TF32; "
+                             "use torch.matmul with torch.backends.cuda.matmul.allow_tf32 = False and ctx.ccl")

@@ -16,10 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import Launcher
+from ..ccl.launch import Launcher
 from .config import FusedConfig
 
-DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SMEM_BYTES = 200 * 1024  # shared memory the pipeline's stages may take (H100/H200 have 227 KiB per block)
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
@@ -143,10 +144,11 @@ class Tiles:
     sms: int
 
 
-def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None) -> Tiles:
+def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None, elem: int = 2) -> Tiles:
     """The config with its None fields chosen for an M x N output on device: small M takes narrower
-    tiles so that every SM has one."""
-    cfg = config or FusedConfig()
+    tiles so that every SM has one (config=None: all of them so chosen, with 8 row blocks per group).
+    Stages are cut to what fits in shared memory for elem-byte operands."""
+    cfg = config or FusedConfig(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8)
     if interpreted() or device.type != "cuda":
         bm, bn, bk, stages, warps = 16, 16, 16, 1, 4
     elif M <= 128:
@@ -155,14 +157,15 @@ def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None) 
         bm, bn, bk, stages, warps = 128, 128, 64, 4, 8
     else:
         bm, bn, bk, stages, warps = 128, 256, 64, 3, 8
-    return Tiles(cfg.block_size_m or bm, cfg.block_size_n or bn, cfg.block_size_k or bk, cfg.group_size_m,
-                 cfg.num_stages or stages, cfg.num_warps or warps, cfg.num_sms or num_sms(device))
+    bm, bn, bk = cfg.block_size_m or bm, cfg.block_size_n or bn, cfg.block_size_k or bk
+    stages = max(1, min(cfg.num_stages or stages, SMEM_BYTES // ((bm + bn) * bk * elem)))
+    return Tiles(bm, bn, bk, cfg.group_size_m, stages, cfg.num_warps or warps, cfg.num_sms or num_sms(device))
 
 
 def launch(ws: dict, kernel, tensors: tuple, build) -> None:
     """kernel[grid](*args, **kw) with (grid, args, kw) = build(), remembered in ws while the same tensors
     (addresses and strides) come back: an eager call then skips rebuilding descriptors and arguments,
-    and launches through iris.launch.Launcher (direct, then a replayed graph). The remembered arguments
+    and launches through iris.ccl.launch.Launcher (direct, then a replayed graph). The remembered arguments
     keep those tensors alive until other ones are passed."""
     key = tuple((t.data_ptr(), t.stride()) for t in tensors)
     plan = ws.get("plan")
@@ -183,7 +186,7 @@ def check_operands(name: str, A: torch.Tensor, B: torch.Tensor, out: torch.Tenso
         if t.dim() != 2:
             raise ValueError(f"{name}: {what} must be 2-D, got shape {tuple(t.shape)}")
         if t.dtype not in DTYPES:
-            raise TypeError(f"{name}: {what} has dtype {t.dtype}; use torch.bfloat16 or torch.float16")
+            raise TypeError(f"{name}: {what} has dtype {t.dtype}; use torch.bfloat16, torch.float16 or torch.float32")
         if t.device != A.device:
             raise ValueError(f"{name}: {what} is on {t.device} but A is on {A.device}; put all operands on one device")
     if B.dtype != A.dtype or (out is not None and out.dtype != A.dtype):
@@ -204,7 +207,7 @@ def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
         raise ValueError(f"matmul: out must be {M}x{N}, got {tuple(out.shape)}")
     if M == 0 or N == 0:
         return out
-    t = tiles_for(M, N, A.device, config)
+    t = tiles_for(M, N, A.device, config, A.element_size())
     tma = tma_ok(A, B) and out.stride(1) == 1 and tma_ok(out)
     a, a_t = operand(A, (t.bm, t.bk), tma)
     b, b_t = operand(B, (t.bk, t.bn), tma)

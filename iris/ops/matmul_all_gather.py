@@ -68,7 +68,7 @@ def check(ctx, A: torch.Tensor, B: torch.Tensor, output: torch.Tensor) -> None:
 def preamble(ctx, output, A, B, config: FusedConfig | None = None) -> dict:
     """Per-tile flags and ctl. Collective: all ranks, same order, same sizes."""
     check(ctx, A, B, output)
-    t = tiles_for(A.shape[0], B.shape[1], A.device, config)
+    t = tiles_for(A.shape[0], B.shape[1], A.device, config, A.element_size())
     tiles = triton.cdiv(max(A.shape[0], 1), t.bm) * triton.cdiv(max(B.shape[1], 1), t.bn)
     ws = {"flags": ctx.zeros(ctx.world * tiles, dtype=torch.int64), "ctl": ctx.zeros(3 + ctx.world, dtype=torch.int64),
           "tiles": t}

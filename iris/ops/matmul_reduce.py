@@ -133,7 +133,7 @@ def preamble(ctx, output, A, B, config: FusedConfig | None, scatter: bool) -> di
     name = "matmul_reduce_scatter" if scatter else "matmul_all_reduce"
     check(name, A, B, output, ctx.world, scatter)
     m_out, n = output.shape
-    t = tiles_for(m_out, n, A.device, config)
+    t = tiles_for(m_out, n, A.device, config, A.element_size())
     tiles = triton.cdiv(max(m_out, 1), t.bm) * triton.cdiv(max(n, 1), t.bn)
     ws = {"slots": ctx.empty(2 * ctx.world * m_out * n, dtype=A.dtype),
           "flags": ctx.zeros(ctx.world * tiles, dtype=torch.int64), "ctl": ctx.zeros(3 + ctx.world, dtype=torch.int64),

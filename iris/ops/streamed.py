@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..device import signal, wait
-from ..launch import Launcher
+from ..ccl.launch import Launcher
 from .gemm import interpreted
 
 CAPTURE_AFTER = 2  # eager calls with the same tensors before the sequence is captured and replayed

@@ -2,9 +2,13 @@
 
 Physical memory is cuMemCreate'd with a POSIX fd handle type so peers can import it; VAs come
 from cuMemAddressReserve. Everything runs in the device's primary context, the one PyTorch uses.
+Only what every supported cuda-bindings release offers is used: structs are built through their
+attribute setters and read as raw memory through getPtr() (tests/test_cuda_bindings.py checks both
+the oldest release pyproject allows and the newest).
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Dict, List, Optional, Sequence
 
 from cuda.bindings import driver as cu
@@ -13,6 +17,34 @@ from ..errors import DriverError
 from .driver import IpcHandle, reserve_failed
 
 _POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+_READWRITE = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+IPC_HANDLE_SIZE = cu.CU_IPC_HANDLE_SIZE  # 64: CUipcMemHandle is char reserved[CU_IPC_HANDLE_SIZE]
+
+
+def ipc_bytes(handle: "cu.CUipcMemHandle") -> bytes:
+    """The handle's 64 bytes, read from the struct itself (cuda-bindings 13.4 dropped `.reserved`)."""
+    return ctypes.string_at(handle.getPtr(), IPC_HANDLE_SIZE)
+
+
+def ipc_struct(data: bytes) -> "cu.CUipcMemHandle":
+    """A CUipcMemHandle holding data, the 64 bytes ipc_bytes gave on the exporting rank."""
+    if len(data) != IPC_HANDLE_SIZE:
+        raise ValueError(f"a CUDA IPC handle is {IPC_HANDLE_SIZE} bytes, got {len(data)}: pass ipc_bytes()'s result")
+    handle = cu.CUipcMemHandle()  # owns its struct: getPtr() stays valid while handle lives
+    ctypes.memmove(handle.getPtr(), bytes(data), IPC_HANDLE_SIZE)
+    return handle
+
+
+def access_descs(devices: Sequence[int]) -> List["cu.CUmemAccessDesc"]:
+    """Read-write access for each device ordinal, as cuMemSetAccess takes it."""
+    descs = []
+    for ordinal in devices:
+        d = cu.CUmemAccessDesc()
+        d.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE  # the nested struct is a view
+        d.location.id = int(ordinal)
+        d.flags = _READWRITE
+        descs.append(d)
+    return descs
 
 
 def _check(call: str, result):
@@ -67,7 +99,7 @@ class CudaDriver:
         """Pinned device memory on the current device, exportable as a POSIX fd."""
         prop = cu.CUmemAllocationProp()
         prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE  # nested struct is a view (cuda.core sets it so)
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE  # the nested struct is a view
         prop.location.id = self._device()
         prop.requestedHandleTypes = _POSIX_FD
         return prop
@@ -100,13 +132,7 @@ class CudaDriver:
         _check("cuMemUnmap", cu.cuMemUnmap(va, size))
 
     def set_access(self, va: int, size: int, devices: Optional[Sequence[int]] = None) -> None:
-        descs = []
-        for ordinal in [self._device()] if devices is None else devices:
-            d = cu.CUmemAccessDesc()
-            d.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            d.location.id = int(ordinal)
-            d.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            descs.append(d)
+        descs = access_descs([self._device()] if devices is None else devices)
         _check("cuMemSetAccess", cu.cuMemSetAccess(va, size, descs, len(descs)))
 
     # -- sharing -----------------------------------------------------------
@@ -142,11 +168,10 @@ class CudaDriver:
     def ipc_export(self, ptr: int, size: int) -> IpcHandle:
         base, _ = _check("cuMemGetAddressRange", cu.cuMemGetAddressRange(ptr))
         handle = _check("cuIpcGetMemHandle", cu.cuIpcGetMemHandle(base))
-        return IpcHandle(bytes(handle.reserved), ptr - int(base), size)  # .reserved: the 64 bytes
+        return IpcHandle(ipc_bytes(handle), ptr - int(base), size)
 
     def ipc_open(self, handle: IpcHandle) -> int:
-        h = cu.CUipcMemHandle()
-        h.reserved = handle.data  # setter takes 64 bytes (CUipcMemHandle_st in driver.pyx)
+        h = ipc_struct(handle.data)
         flags = cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
         base = _check("cuIpcOpenMemHandle", cu.cuIpcOpenMemHandle(h, int(flags)))
         ptr = int(base) + handle.offset

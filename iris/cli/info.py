@@ -14,9 +14,9 @@ import sys
 from contextlib import ExitStack
 from importlib import metadata
 
-from .errors import DriverError
+from ..errors import DriverError
 from .nvml_links import nvml_links
-from .platform import PLATFORMS, detect, get_driver
+from ..platform import PLATFORMS, detect, get_driver
 
 # distribution name -> what it is for; versions come from metadata, so nothing is imported for them
 LIBRARIES = {
@@ -242,7 +242,9 @@ def _memory_section(r: Report, driver) -> None:
     # a VMM-backed torch block (expandable segments) is shared by its handles, as vmem shares chunks
     expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
     torch_ok = mem["torch_ipc"] == "works" or (expandable and vmem_ok)
-    mem["allocators"] = {"torch": torch_ok, "vmem": vmem_ok}
+    from .experimental.nvshmem_runtime import describe as nvshmem_line
+    mem["nvshmem"] = nvshmem_line()
+    mem["allocators"] = {"torch": torch_ok, "vmem": vmem_ok, "nvshmem": mem["nvshmem"].startswith("usable")}
     r.data["memory"] = mem
     if not (vmem_ok or torch_ok):
         r.problem(f"no allocator can share memory here: VMM {mem['vmm']}; fd export {mem['fd_export']}; "
@@ -284,7 +286,7 @@ def _environment_section(r: Report) -> None:
     keys = ("IRIS_PLATFORM", "IRIS_ALLOCATOR", "IRIS_TIMEOUT", "IRIS_CHECK_SYMMETRY", "TRITON_INTERPRET",
             "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
     r.data["environment"] = {k: os.environ[k] for k in keys if k in os.environ}
-    from .allocators import ALLOCATORS
+    from ..allocators import ALLOCATORS
     name = os.environ.get("IRIS_ALLOCATOR")
     if name and name not in ALLOCATORS:
         r.problem(f"IRIS_ALLOCATOR={name!r} is not an allocator", f"set it to one of {sorted(ALLOCATORS)} or unset it")
@@ -296,7 +298,7 @@ def _environment_section(r: Report) -> None:
             ok = False
         if not ok:
             r.problem(f"IRIS_TIMEOUT={timeout!r} is not a positive number of seconds", "e.g. export IRIS_TIMEOUT=120")
-    from .heap.symmetry import mode_from_env
+    from ..heap.symmetry import mode_from_env
     try:
         mode_from_env()
     except ValueError as e:
@@ -346,6 +348,7 @@ def render(info: dict) -> str:
         row("VMM", f"{mem['vmm']}; POSIX fd export {mem['fd_export']}")
         row("granularity", _size(mem["granularity"]) if mem["granularity"] else "-")
         row("torch IPC", mem["torch_ipc"])
+        row("nvshmem", mem.get("nvshmem", "-"))
         row("allocators", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in mem["allocators"].items())
             + f" (default torch; IRIS_ALLOCATOR={os.environ.get('IRIS_ALLOCATOR', 'unset')})")
     libs = info.get("libraries", {})

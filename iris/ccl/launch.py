@@ -8,9 +8,8 @@ lookup, with every bound argument, constexprs included), skipping the JIT's bind
 Under TRITON_INTERPRET=1, with launch hooks installed, or on a Triton whose CompiledKernel lacks that
 entry point, every call takes the JIT path.
 
-Measured on 2x H200 (Triton 3.6, probe of 2026-11-22): a JIT launch of ccl's all_reduce kernel cost
-32.8 us of host time, the compiled kernel's run 11.1 us, and cuGraphLaunch of a captured graph of
-the same launch 3.2-3.6 us (a torch copy_ cost 10.6 us on that host). So `launch_trusted(args, key)`
+A replayed graph costs less host time than a JIT launch or even the compiled kernel's own run
+(`benchmarks/launch_probe.py`, figures in docs/collectives.md), so `launch_trusted(args, key)`
 captures a graph for an argument tuple seen `CAPTURE_AFTER` times and replays it from then on.
 """
 from __future__ import annotations
@@ -72,7 +71,7 @@ class _Graphs:
     def __init__(self, device: int):
         from cuda.bindings import driver as cu
 
-        from .platform.cuda import _check
+        from ..platform.cuda import _check
         self.cu, self.check, self.device = cu, _check, device
         self.stream = torch.cuda.Stream(device)
         self.execs = OrderedDict()  # key -> CUgraphExec

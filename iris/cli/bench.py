@@ -2,7 +2,7 @@
 
 Each benchmark runs as its own job (`python -m iris.run -n N benchmarks/NAME.py --out DIR/NAME.json`)
 so that one that fails or hangs costs only its own row. The numbers are read back from the JSON
-files (iris/bench_report.py), never from the benchmarks' printed output.
+files (iris/cli/report.py), never from the benchmarks' printed output.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def fit_args(args: List[str], declared: set):
 
 
 def gpu_count() -> int:
-    from .platform import detect
+    from ..platform import detect
     if detect() == "host":
         return 0
     import torch
@@ -168,7 +168,7 @@ def run_one(b: Benchmark, script: Path, nprocs: int, gpu: bool, quick: bool, out
 
 
 def main(argv=None) -> int:
-    from . import bench_report
+    from . import report
     parser = argparse.ArgumentParser(prog="iris bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: done in about a minute")
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these ({', '.join(b.name for b in BENCHMARKS)})")
@@ -217,8 +217,8 @@ def main(argv=None) -> int:
     finally:
         progress.close()
 
-    summary = bench_report.report(records, out, {"gpus": gpus, "nprocs": nprocs, "quick": opts.quick})
-    print(bench_report.render(summary))
+    summary = report.report(records, out, {"gpus": gpus, "nprocs": nprocs, "quick": opts.quick})
+    print(report.render(summary))
     with open(out / "summary.json", "w") as f:
         json.dump(summary, f, indent=1, default=str)
     print(f"wrote {out / 'summary.json'}" + (f" and {summary['plot']}" if summary.get("plot") else ""))

@@ -1,0 +1,307 @@
+"""Kernels of the all_reduce variants that accumulate into one buffer on every rank (atomic: remote
+atomic adds; spinlock: a lock per block around a remote read-modify-write), the ring all_reduce,
+the push all_gather (persistent: each program stores its range into every rank; partitioned: the
+programs are split by destination rank), and the reduce_scatter of Iris's layout (out shaped as
+inp, each rank's tiles reduced).
+
+The same flag discipline as kernels.py: per-program epochs on the device, flags that only grow (the
+ring's 0/1 handshake returns to 0 by itself), and a program waits only for the program of the same
+index on other ranks, so the interpreter, which runs a launch's programs one after another, works
+too. Interpreter atomics are not atomic across processes, so under it (TURNS) the ranks take turns
+to accumulate; on a GPU they race for real.
+"""
+import triton
+import triton.language as tl
+
+from ..device.translate import _translate
+from .kernels import _await, _combine, _epoch, _peer_offset
+
+
+@triton.jit
+def _signal_wait(row, epoch, rank, heap_bases, to, frm, PEERS: tl.constexpr, SPIN: tl.constexpr):
+    """Writes epoch into slot `rank` of `row` on the peers where `to` holds (release, sys), then waits
+    until this rank's row holds at least epoch in the slots where `frm` holds (acquire, sys). to, frm:
+    PEERS-wide masks over ranks. Giving up (SPIN) marks slot `rank` of this rank's own row."""
+    tl.debug_barrier()
+    peers = tl.arange(0, PEERS)
+    slots = _translate(row + rank, rank, tl.where(to, peers, rank), heap_bases)
+    tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=to, sem="release", scope="sys")
+    _await(row + peers, frm, epoch, row + rank, SPIN)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _until(flag, value, mark, SPIN: tl.constexpr):
+    """Polls the int64 *flag (acquire, sys) until it holds value; SPIN as _await's, marking *mark."""
+    pending = 1
+    polls = 0
+    while pending > 0:
+        pending = (tl.atomic_add(flag, 0, sem="acquire", scope="sys") != value).to(tl.int32)
+        if SPIN != 0:
+            polls += 1
+            if polls >= SPIN:
+                if pending > 0:
+                    tl.store(mark, -1)
+                pending = 0
+
+
+@triton.jit
+def accumulate_kernel(inp, out, acc, locks, flags, counters, heap_bases, n, per, rank,
+                      WORLD: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr,
+                      LOCK: tl.constexpr, TURNS: tl.constexpr):
+    """all_reduce (sum) by accumulation: every rank adds its input into acc (fp32 for floats, on the heap)
+    on every rank, then copies its own acc into out. LOCK: each block of acc is updated under a lock
+    on its owner (spinlock: atomic_cas to take it, plain load and store, atomic_xchg to give it back);
+    else with atomic_add. n elements; per: elements per program (a multiple of BLOCK). Exchanges: the
+    first after acc is zeroed (no rank adds into a peer still zeroing or copying out the last call),
+    the second after the adds (every contribution is in before acc is read). TURNS: rank r adds after
+    ranks 0..r-1 signalled that they have (the interpreter)."""
+    VEC: tl.constexpr = 16 // (acc.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    e = _epoch(counters, pid)
+    mine = tl.load(heap_bases + rank)
+    lo = pid * per
+    hi = tl.minimum(lo + per, n)
+    ar = tl.arange(0, BLOCK)
+    peers = tl.arange(0, PEERS)
+    live = (peers < WORLD) & (peers != rank)
+    rows = tl.num_programs(0) * WORLD
+    for s in range(lo, hi, BLOCK):
+        tl.store(acc + s + ar, tl.zeros([BLOCK], acc.dtype.element_ty), mask=s + ar < hi)
+    _signal_wait(flags + pid * WORLD, e, rank, heap_bases, live, live, PEERS, SPIN)
+    if TURNS:
+        _signal_wait(flags + 2 * rows + pid * WORLD, e, rank, heap_bases, live & (peers < 0), live & (peers < rank),
+                     PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        o = s + ar
+        mask = o < hi
+        x = tl.load(inp + o, mask=mask).to(acc.dtype.element_ty)
+        for i in tl.static_range(WORLD):
+            q = (rank + i) % WORLD  # each rank starts at itself: the peers' first adds go to different owners
+            there = acc + _peer_offset(heap_bases, q, mine, VEC) + o
+            if LOCK:
+                lock = locks + s // BLOCK + _peer_offset(heap_bases, q, mine, 2)
+                free = tl.zeros([], tl.int64)  # atomic_cas wants the lock's own type
+                while tl.atomic_cas(lock, free, free + 1, sem="acquire", scope="sys") != 0:
+                    pass
+                tl.debug_barrier()
+                cur = tl.load(there, mask=mask, volatile=True)
+                tl.store(there, cur + x, mask=mask)
+                tl.debug_barrier()
+                tl.atomic_xchg(lock, free, sem="release", scope="sys")
+            else:
+                tl.atomic_add(there, x, mask=mask, sem="relaxed", scope="sys")
+    if TURNS:
+        _signal_wait(flags + 2 * rows + pid * WORLD, e, rank, heap_bases, live & (peers > rank), live & (peers < 0),
+                     PEERS, SPIN)
+    _signal_wait(flags + rows + pid * WORLD, e, rank, heap_bases, live, live, PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        o = s + ar
+        mask = o < hi
+        tl.store(out + o, tl.load(acc + o, mask=mask, volatile=True).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _send(x, there, flag, mark, SPIN: tl.constexpr):
+    """One ring hop out: waits until the successor emptied its slot (flag 0), stores x into it, sets
+    its flag to 1 (release)."""
+    _until(flag, 0, mark, SPIN)
+    tl.debug_barrier()
+    tl.store(there, x)
+    tl.debug_barrier()
+    tl.atomic_xchg(flag, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def _receive(here, flag, mark, SPIN: tl.constexpr):
+    """One ring hop in: waits until the predecessor filled this rank's slot (flag 1), reads it, empties it."""
+    _until(flag, 1, mark, SPIN)
+    tl.debug_barrier()
+    x = tl.load(here, volatile=True)
+    tl.debug_barrier()
+    tl.atomic_xchg(flag, 0, sem="release", scope="sys")
+    return x
+
+
+@triton.jit
+def ring_kernel(inp, out, buf, flags, heap_bases, n, tiles, rank,
+                WORLD: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr, SLICE: tl.constexpr,
+                RINGS: tl.constexpr, SPIN: tl.constexpr):
+    """all_reduce around the ring rank -> rank + 1: a reduce-scatter, then an all-gather, over each tile of
+    WORLD slices of SLICE elements. Hop k of the first half sends the partial of slice rank - k and
+    combines the received partial of slice rank - k - 1 with this rank's input; after WORLD - 1 hops
+    this rank holds slice rank + 1 reduced over every rank (in ring order from the slice's own rank, so
+    every rank gets the same bits), writes it to out and passes reduced slices on for WORLD - 1 more
+    hops. Each program is a ring of its own with one slot (SLICE elements of buf, fp32 for floats) and
+    one 0/1 flag per rank; program p serves ring p % RINGS (Config.all_reduce_num_rings), which takes
+    tiles p % RINGS, p % RINGS + RINGS, ..., dealt over its programs. tiles: the tile count. A tile is
+    read and written in place, so out may be inp."""
+    VEC: tl.constexpr = 16 // (buf.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    mine = tl.load(heap_bases + rank)
+    nxt = (rank + 1) % WORLD
+    here = buf + pid * SLICE + tl.arange(0, SLICE)
+    there = here + _peer_offset(heap_bases, nxt, mine, VEC)
+    flag = flags + pid
+    next_flag = flag + _peer_offset(heap_bases, nxt, mine, 2)
+    ring = pid % RINGS
+    per_ring = tl.num_programs(0) // RINGS
+    ar = tl.arange(0, SLICE)
+    for t in range(ring + RINGS * (pid // RINGS), tiles, RINGS * per_ring):
+        base = t * (SLICE * WORLD) + ar
+        o = base + rank * SLICE
+        part = tl.load(inp + o, mask=o < n).to(buf.dtype.element_ty)
+        for k in tl.static_range(WORLD - 1):
+            _send(part, there, next_flag, flag, SPIN)
+            x = _receive(here, flag, flag, SPIN)
+            o = base + ((rank - k - 1 + WORLD) % WORLD) * SLICE
+            part = _combine(x, tl.load(inp + o, mask=o < n).to(buf.dtype.element_ty), OP)
+        o = base + ((rank + 1) % WORLD) * SLICE
+        red = part.to(out.dtype.element_ty)
+        tl.store(out + o, red, mask=o < n)
+        part = red.to(buf.dtype.element_ty)
+        for k in tl.static_range(WORLD - 1):
+            _send(part, there, next_flag, flag, SPIN)
+            part = _receive(here, flag, flag, SPIN)
+            o = base + ((rank - k + WORLD) % WORLD) * SLICE
+            tl.store(out + o, part.to(out.dtype.element_ty), mask=o < n)
+
+
+@triton.jit
+def gather_push_kernel(inp, out, stage, flags, counters, heap_bases, n, per, rank,
+                       WORLD: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr,
+                       OUT_HEAP: tl.constexpr, PARTITIONED: tl.constexpr):
+    """all_gather by remote stores: out (WORLD * n) gets rank q's inp (n) at q * n. Persistent: program
+    p stores elements [p * per, (p+1) * per) of inp into every rank. PARTITIONED: the programs form
+    WORLD equal groups; program p of group g stores its range (p mod the group size) into rank
+    rank + g only, and learns of the range rank - g wrote into it. OUT_HEAP: stores go straight into
+    the peers' out (the same heap tensor on every rank), else into their stage (laid out as out),
+    copied into out at the end. Two signals: "entered" (a rank writes into a peer only after the
+    peer's previous use of out or stage is over) and "written"."""
+    VEC: tl.constexpr = 16 // (inp.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    e = _epoch(counters, pid)
+    mine = tl.load(heap_bases + rank)
+    peers = tl.arange(0, PEERS)
+    live = (peers < WORLD) & (peers != rank)
+    if PARTITIONED:
+        parts = tl.num_programs(0) // WORLD
+        g = pid // parts
+        lo = (pid % parts) * per
+        dest = (rank + g) % WORLD
+        frm = (rank - g + WORLD) % WORLD
+        writers = live & (peers == frm)
+        targets = live & (peers == dest)
+    else:
+        lo = pid * per
+        dest = rank
+        frm = rank
+        writers = live
+        targets = live
+    hi = tl.minimum(lo + per, n)
+    ar = tl.arange(0, BLOCK)
+    if OUT_HEAP:
+        dst = out
+    else:
+        dst = stage
+    rows = tl.num_programs(0) * WORLD
+    _signal_wait(flags + pid * WORLD, e, rank, heap_bases, writers, targets, PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        o = s + ar
+        mask = o < hi
+        x = tl.load(inp + o, mask=mask)
+        if PARTITIONED:
+            if dest == rank:
+                tl.store(out + rank * n + o, x, mask=mask)
+            else:
+                tl.store(dst + _peer_offset(heap_bases, dest, mine, VEC) + rank * n + o, x, mask=mask)
+        else:
+            for i in tl.static_range(WORLD):
+                q = (rank + i) % WORLD
+                if q == rank:
+                    tl.store(out + rank * n + o, x, mask=mask)
+                else:
+                    tl.store(dst + _peer_offset(heap_bases, q, mine, VEC) + rank * n + o, x, mask=mask)
+    _signal_wait(flags + rows + pid * WORLD, e, rank, heap_bases, targets, writers, PEERS, SPIN)
+    if not OUT_HEAP:
+        for q in tl.static_range(WORLD):
+            if PARTITIONED:
+                wrote = (q == frm) & (q != rank)
+            else:
+                wrote = q != rank
+            if wrote:
+                for s in range(lo, hi, BLOCK):
+                    o = q * n + s + ar
+                    mask = s + ar < hi
+                    tl.store(out + o, tl.load(stage + o, mask=mask), mask=mask)
+
+
+@triton.jit
+def _tile_of(k, tiles, x, WORLD: tl.constexpr, DIST: tl.constexpr):
+    """Tile id of the k-th tile that rank x owns (DIST 0: tiles x, x + WORLD, ...; 1: a contiguous run of
+    cdiv(tiles, WORLD)), or -1 past the end of its share."""
+    if DIST == 0:
+        t = x + k * WORLD
+    else:
+        t = x * tl.cdiv(tiles, WORLD) + k
+        t = tl.where(k < tl.cdiv(tiles, WORLD), t, tiles)
+    return tl.where(t < tiles, t, -1)
+
+
+@triton.jit
+def _tile_offsets(t, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Element offsets and mask of tile t of a row-major (M, N) tensor, tiles ordered in groups of GROUP_M
+    tile rows (Iris's swizzle)."""
+    grid_m = tl.cdiv(M, BM)
+    grid_n = tl.cdiv(N, BN)
+    in_group = GROUP_M * grid_n
+    first_m = (t // in_group) * GROUP_M
+    rows = tl.minimum(grid_m - first_m, GROUP_M)
+    pm = first_m + (t % in_group) % rows
+    pn = (t % in_group) // rows
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    return rm[:, None] * N + rn[None, :], (rm[:, None] < M) & (rn[None, :] < N)
+
+
+@triton.jit
+def tile_reduce_scatter_kernel(inp, out, stage, flags, counters, heap_bases, M, N, tiles, parity_stride, rank,
+                               WORLD: tl.constexpr, PEERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                               GROUP_M: tl.constexpr, DIST: tl.constexpr, OP: tl.constexpr,
+                               IS_FLOAT: tl.constexpr, SPIN: tl.constexpr):
+    """reduce_scatter with out shaped as inp (M, N): rank r's tiles (BM x BN, Iris's swizzled order, dealt
+    by DIST as Config.all_reduce_distribution) of out get the reduction over every rank of those tiles
+    of inp; out's other elements are left as they were. Program p stages, for every rank x, the tiles
+    p, p + P, ... of x's share (so what any rank's program p reads was staged by the peers' program
+    p), exchanges once, then reduces its tiles of this rank's share from every rank's stage in rank
+    order (floats in fp32). The stage is double-buffered by epoch parity (parity_stride apart), as in
+    pull_kernel, so one exchange per call is enough."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    e = _epoch(counters, pid)
+    buf = stage + (e % 2) * parity_stride
+    mine = tl.load(heap_bases + rank)
+    share = tl.cdiv(tiles, WORLD)  # the most tiles a rank owns, either way
+    for x in tl.static_range(WORLD):
+        for k in range(pid, share, programs):
+            t = _tile_of(k, tiles, x, WORLD, DIST)
+            if t >= 0:
+                o, mask = _tile_offsets(t, M, N, BM, BN, GROUP_M)
+                tl.store(buf + o, tl.load(inp + o, mask=mask), mask=mask)
+    peers = tl.arange(0, PEERS)
+    live = (peers < WORLD) & (peers != rank)
+    _signal_wait(flags + pid * WORLD, e, rank, heap_bases, live, live, PEERS, SPIN)
+    for k in range(pid, share, programs):
+        t = _tile_of(k, tiles, rank, WORLD, DIST)
+        if t >= 0:
+            o, mask = _tile_offsets(t, M, N, BM, BN, GROUP_M)
+            acc = tl.load(buf + _peer_offset(heap_bases, 0, mine, VEC) + o, mask=mask)
+            if IS_FLOAT:
+                acc = acc.to(tl.float32)
+            for q in tl.static_range(1, WORLD):
+                y = tl.load(buf + _peer_offset(heap_bases, q, mine, VEC) + o, mask=mask)
+                if IS_FLOAT:
+                    y = y.to(tl.float32)
+                acc = _combine(acc, y, OP)
+            tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)

@@ -1,0 +1,405 @@
+"""Device functions for peers that loads and stores cannot reach (heap_bases entry 0): through NVSHMEM.
+
+rma, atomics and sync hand their calls here only where INDIRECT_PEERS is set; each function takes
+the same arguments, reaches a peer whose heap_bases entry is 0 through NVSHMEM and any other peer
+with the same loads, stores and atomics as rma, atomics and sync (structured if/else: Triton 3.6
+cannot lower an early return from a run-time branch inside a loop). INDIRECT_PEERS is a constexpr
+that Triton folds: where it is False (a job without indirect peers) none of this is in the kernel
+and no NVSHMEM code is linked. It is read from IRIS_INDIRECT_PEERS when iris is imported,
+and set by the context when its heap has an indirect peer; in a process, set it before the first
+kernel compiles (Triton refuses a global that changed under a compiled kernel).
+
+A contiguous tile (the masked elements of source and destination are each one range, element for
+element) moves with one block-scoped NVSHMEM call made by every thread of the program; any other
+tile moves element by element. Atomics are issued one element at a time from thread 0 (a tile
+loops over its elements): NVSHMEM has no float add, min or max, which loop on compare-and-swap.
+Ordering: sem release/acq_rel (the default) completes this thread's earlier NVSHMEM operations
+(nvshmem_quiet) before the atomic; NVSHMEM's fetching atomics complete before they return.
+"""
+import os
+import sys
+
+import triton
+import triton.language as tl
+
+from . import nvshmem as nv
+from . import rma as _rma  # a cycle: rma imports this module; both are complete before any kernel compiles
+from .translate import _translate
+
+INDIRECT_PEERS: tl.constexpr = tl.constexpr(os.environ.get("IRIS_INDIRECT_PEERS", "").strip() not in ("", "none"))
+# atomic operations: NVSHMEM's codes where it has the operation, then the two it lacks
+ADD: tl.constexpr = nv.AMO_ADD
+CAS: tl.constexpr = nv.AMO_CAS
+XCHG: tl.constexpr = nv.AMO_SWAP
+AND: tl.constexpr = nv.AMO_AND
+OR: tl.constexpr = nv.AMO_OR
+XOR: tl.constexpr = nv.AMO_XOR
+MIN: tl.constexpr = tl.constexpr(7)
+MAX: tl.constexpr = tl.constexpr(8)
+_MODULES = ("iris.device.rma", "iris.device.atomics", "iris.device.sync", __name__)
+
+
+def use_indirect_peers() -> None:
+    """Compile the NVSHMEM path into iris's device functions from now on (a heap with an indirect peer)."""
+    for name in _MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            module.INDIRECT_PEERS = tl.constexpr(True)
+
+
+@triton.jit
+def far(heap_bases, rank):
+    """Whether rank is reached through NVSHMEM (its heap_bases entry is 0)."""
+    return tl.load(heap_bases + rank) == 0
+
+
+@triton.jit
+def _bits(x):
+    """x's bits as a signed integer of its width (what NVSHMEM's typed calls take)."""
+    BITS: tl.constexpr = x.dtype.primitive_bitwidth
+    tl.static_assert(BITS == 8 or BITS == 16 or BITS == 32 or BITS == 64,
+                     "indirect peers take 8, 16, 32 or 64-bit elements")
+    if BITS == 8:
+        out = x.to(tl.int8, bitcast=True)
+    elif BITS == 16:
+        out = x.to(tl.int16, bitcast=True)
+    elif BITS == 32:
+        out = x.to(tl.int32, bitcast=True)
+    else:
+        out = x.to(tl.int64, bitcast=True)
+    return out
+
+
+@triton.jit
+def _mask(ptr, mask):
+    if mask is None:
+        out = tl.full(ptr.shape, 1, tl.int1)
+    else:
+        out = tl.full(ptr.shape, 1, tl.int1) & mask
+    return out
+
+
+@triton.jit
+def _span(a, b, m):
+    """Whether the masked elements of pointer blocks a and b are each one contiguous range, element
+    for element; then a's and b's first addresses and the byte count."""
+    ES: tl.constexpr = (a.dtype.element_ty.primitive_bitwidth + 7) // 8
+    BIG: tl.constexpr = 1 << 62
+    ai = a.to(tl.int64)
+    bi = b.to(tl.int64)
+    n = tl.sum(m.to(tl.int64), axis=None)
+    a0 = tl.min(tl.where(m, ai, BIG), axis=None)
+    a1 = tl.max(tl.where(m, ai, -1), axis=None)
+    b0 = tl.min(tl.where(m, bi, BIG), axis=None)
+    skew = tl.max(tl.where(m, tl.abs((bi - b0) - (ai - a0)), 0), axis=None)
+    return (n > 0) & (skew == 0) & (a1 - a0 == (n - 1) * ES), a0, b0, n * ES
+
+
+@triton.jit
+def _load_far(ptr, pe, mask, other):
+    """The values at ptr (the caller's view) on PE pe, element by element; other where masked."""
+    m = _mask(ptr, mask)
+    if other is None:
+        o = tl.zeros(ptr.shape, ptr.dtype.element_ty)
+    else:
+        o = (tl.zeros(ptr.shape, ptr.dtype.element_ty) + other).to(ptr.dtype.element_ty)
+    got = nv.g(ptr.to(tl.int64), tl.cast(pe, tl.int32), m, _bits(o))
+    return got.to(ptr.dtype.element_ty, bitcast=True)
+
+
+@triton.jit
+def _store_far(ptr, value, pe, mask):
+    """Writes value at ptr (the caller's view) on PE pe, element by element."""
+    m = _mask(ptr, mask)
+    v = (tl.zeros(ptr.shape, ptr.dtype.element_ty) + value).to(ptr.dtype.element_ty)
+    nv.p(ptr.to(tl.int64), _bits(v), tl.cast(pe, tl.int32), m)
+
+
+@triton.jit
+def _put_far(src, dst, pe, mask, other):
+    """The caller's src into dst (the caller's view of the heap) on PE pe."""
+    m = _mask(dst, mask)
+    if len(dst.shape) == 0:
+        _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
+    else:
+        whole, s0, d0, nbytes = _span(src, dst, m)
+        if whole:
+            nv.putmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
+        else:
+            _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
+
+
+@triton.jit
+def _get_far(src, dst, pe, mask, other):
+    """src (the caller's view of the heap) on PE pe into the caller's dst."""
+    m = _mask(dst, mask)
+    if len(dst.shape) == 0:
+        tl.store(dst, _load_far(src, pe, m, other), mask=m)
+    else:
+        whole, s0, d0, nbytes = _span(src, dst, m)
+        if whole:
+            nv.getmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
+        else:
+            tl.store(dst, _load_far(src, pe, m, other), mask=m)
+
+
+@triton.jit
+def load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr,
+         hint: tl.constexpr, eviction_policy: tl.constexpr):
+    """rma.load, with from_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, from_rank):
+        out = _load_far(ptr, from_rank, mask, other)
+    else:
+        out = _rma._load(_rma._hint(_translate(ptr, to_rank, from_rank, heap_bases), hint), mask, other,
+                         cache_modifier, volatile, eviction_policy)
+    return out
+
+
+@triton.jit
+def store(ptr, value, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, cache_modifier: tl.constexpr,
+          eviction_policy: tl.constexpr):
+    """rma.store, with to_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, to_rank):
+        _store_far(ptr, value, to_rank, mask)
+    else:
+        tl.store(_rma._hint(_translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                 cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+
+
+@triton.jit
+def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier: tl.constexpr,
+        store_cache_modifier: tl.constexpr, hint: tl.constexpr):
+    """rma.get, with from_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, from_rank):
+        _get_far(from_ptr, to_ptr, from_rank, mask, other)
+    else:
+        data = tl.load(_rma._hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask,
+                       other=other, cache_modifier=load_cache_modifier)
+        tl.store(_rma._hint(to_ptr, hint), data, mask=mask, cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier: tl.constexpr,
+        store_cache_modifier: tl.constexpr, hint: tl.constexpr):
+    """rma.put, with to_rank reached through NVSHMEM where it is indirect."""
+    if far(heap_bases, to_rank):
+        _put_far(from_ptr, to_ptr, to_rank, mask, other)
+    else:
+        data = tl.load(_rma._hint(from_ptr, hint), mask=mask, other=other, cache_modifier=load_cache_modifier)
+        tl.store(_rma._hint(_translate(to_ptr, from_rank, to_rank, heap_bases), hint), data, mask=mask,
+                 cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other, load_cache_modifier: tl.constexpr,
+         store_cache_modifier: tl.constexpr, hint: tl.constexpr):
+    """rma.copy, with from_rank and to_rank each reached through NVSHMEM where indirect."""
+    src_far = far(heap_bases, from_rank)
+    dst_far = far(heap_bases, to_rank)
+    if src_far & (to_rank == cur_rank):
+        _get_far(src_ptr, dst_ptr, from_rank, mask, other)
+    elif dst_far & (from_rank == cur_rank):
+        _put_far(src_ptr, dst_ptr, to_rank, mask, other)
+    else:
+        if src_far:
+            data = _load_far(src_ptr, from_rank, mask, other)
+        else:
+            data = tl.load(_rma._hint(_translate(src_ptr, cur_rank, from_rank, heap_bases), hint), mask=mask,
+                           other=other, cache_modifier=load_cache_modifier)
+        if dst_far:
+            _store_far(dst_ptr, data, to_rank, mask)
+        else:
+            tl.store(_rma._hint(_translate(dst_ptr, cur_rank, to_rank, heap_bases), hint), data, mask=mask,
+                     cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def _quiet_for(sem: tl.constexpr):
+    if sem is None or sem == "release" or sem == "acq_rel":
+        nv.quiet(0)
+
+
+@triton.jit
+def _amo1(OP: tl.constexpr, addr, a, b, pe):
+    """One atomic on the integer bits a (b: the value of a compare-and-swap), from thread 0."""
+    return nv.amo(OP, addr, a, b, pe)
+
+
+@triton.jit
+def _combine(OP: tl.constexpr, old, val):
+    """The value a compare-and-swap loop stores: old op val, in the element's own type."""
+    if OP == ADD:
+        out = old + val
+    elif OP == MIN:
+        out = tl.minimum(old, val)
+    else:
+        out = tl.maximum(old, val)
+    return out
+
+
+@triton.jit
+def _one(OP: tl.constexpr, addr, val, cmp, pe, dtype: tl.constexpr):
+    """One element's atomic OP (ADD, CAS, XCHG, AND, OR, XOR, MIN, MAX) at address addr on pe;
+    returns the old value as dtype. Native where NVSHMEM has it, else a compare-and-swap loop."""
+    v = tl.cast(val, dtype)
+    vb = _bits(v)
+    zero = vb ^ vb
+    if OP == CAS:
+        old = _amo1(nv.AMO_CAS, addr, _bits(tl.cast(cmp, dtype)), vb, pe)
+    elif OP == MIN or OP == MAX or (OP == ADD and dtype.is_floating()):
+        old = _amo1(nv.AMO_FETCH, addr, zero, zero, pe)
+        seen = old ^ (zero - 1)  # differs from old: the loop runs at least once
+        while seen != old:
+            seen = old
+            new = _bits(_combine(OP, seen.to(dtype, bitcast=True), v))
+            old = _amo1(nv.AMO_CAS, addr, seen, new, pe)
+    else:  # ADD (integers), XCHG, AND, OR, XOR: NVSHMEM's own, same codes
+        old = _amo1(OP, addr, vb, zero, pe)
+    return old.to(dtype, bitcast=True)
+
+
+@triton.jit
+def _atomic_far(OP: tl.constexpr, ptr, val, cmp, pe, mask, sem: tl.constexpr):
+    """Atomic OP on PE pe at ptr (the caller's view); returns the old values, element by element.
+    Masked-out elements are left alone and return 0."""
+    dtype: tl.constexpr = ptr.dtype.element_ty
+    BITS: tl.constexpr = dtype.primitive_bitwidth
+    tl.static_assert(BITS == 32 or BITS == 64, "atomics on indirect peers take 32 or 64-bit elements")
+    pe32 = tl.cast(pe, tl.int32)
+    _quiet_for(sem)
+    if len(ptr.shape) == 0:
+        if cmp is None:
+            c = val
+        else:
+            c = cmp
+        out = _one(OP, ptr.to(tl.int64), val, c, pe32, dtype)
+        if mask is not None:
+            out = tl.where(mask, out, tl.zeros([], dtype))
+    else:
+        N: tl.constexpr = ptr.numel
+        idx = tl.reshape(tl.arange(0, N), ptr.shape)
+        addrs = ptr.to(tl.int64)
+        vals = _bits((tl.zeros(ptr.shape, dtype) + val).to(dtype))
+        if cmp is None:
+            cmps = vals
+        else:
+            cmps = _bits((tl.zeros(ptr.shape, dtype) + cmp).to(dtype))
+        live = _mask(ptr, mask).to(tl.int32)
+        out = tl.zeros(ptr.shape, dtype)
+        for i in range(N):
+            here = idx == i
+            if tl.sum(tl.where(here, live, 0), axis=None) != 0:
+                a = tl.sum(tl.where(here, addrs, 0), axis=None)
+                v = tl.sum(tl.where(here, vals, 0), axis=None).to(dtype, bitcast=True)
+                c = tl.sum(tl.where(here, cmps, 0), axis=None).to(dtype, bitcast=True)
+                out = tl.where(here, _one(OP, a, v, c, pe32, dtype), out)
+    return out
+
+
+@triton.jit
+def _atomic_near(OP: tl.constexpr, p, val, cmp, mask, sem: tl.constexpr, scope: tl.constexpr):
+    if OP == ADD:
+        out = tl.atomic_add(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == CAS:
+        out = tl.atomic_cas(p, cmp, val, sem=sem, scope=scope)
+    elif OP == XCHG:
+        out = tl.atomic_xchg(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == AND:
+        out = tl.atomic_and(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == OR:
+        out = tl.atomic_or(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == XOR:
+        out = tl.atomic_xor(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == MIN:
+        out = tl.atomic_min(p, val, mask=mask, sem=sem, scope=scope)
+    else:
+        out = tl.atomic_max(p, val, mask=mask, sem=sem, scope=scope)
+    return out
+
+
+@triton.jit
+def atomic(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem: tl.constexpr,
+           scope: tl.constexpr, hint: tl.constexpr):
+    """The atomics of iris.device.atomics (OP: ADD .. MAX; cmp for CAS), with to_rank reached
+    through NVSHMEM where it is indirect."""
+    if far(heap_bases, to_rank):
+        out = _atomic_far(OP, ptr, val, cmp, to_rank, mask, sem)
+    else:
+        p = _rma._hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
+        out = _atomic_near(OP, p, val, cmp, mask, sem, scope).to(ptr.dtype.element_ty)  # cas: val's type
+    return out
+
+
+@triton.jit
+def signal(flag_ptr, value, from_rank, to_rank, heap_bases, ADD_IT: tl.constexpr, sem: tl.constexpr,
+           scope: tl.constexpr):
+    """sync.signal (ADD_IT: op="add", else set), with to_rank reached through NVSHMEM where indirect."""
+    if ADD_IT:
+        out = atomic(ADD, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None)
+    else:
+        out = atomic(XCHG, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None)
+    return out
+
+
+@triton.jit
+def wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP: tl.constexpr, sem: tl.constexpr,
+         scope: tl.constexpr):
+    """sync.wait, polling through NVSHMEM where to_rank is indirect."""
+    if far(heap_bases, to_rank):
+        cur = wait_far(flag_ptr, value, to_rank, CMP)
+    else:
+        p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
+        cur = tl.atomic_add(p, 0, sem=sem, scope=scope)
+        while _unmet(cur, value, CMP):
+            cur = tl.atomic_add(p, 0, sem=sem, scope=scope)
+    return cur
+
+
+@triton.jit
+def wait_far(flag_ptr, value, pe, CMP: tl.constexpr):
+    """Polls the flag at flag_ptr on PE pe until it compares CMP to value; returns it."""
+    dtype: tl.constexpr = flag_ptr.dtype.element_ty
+    zero = _bits(tl.zeros([], dtype))
+    pe32 = tl.cast(pe, tl.int32)
+    cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
+    while _unmet(cur, value, CMP):
+        cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
+    return cur
+
+
+@triton.jit
+def _unmet(cur, value, cmp: tl.constexpr):
+    if cmp == "eq":
+        out = cur != value
+    elif cmp == "ne":
+        out = cur == value
+    elif cmp == "ge":
+        out = cur < value
+    elif cmp == "gt":
+        out = cur <= value
+    elif cmp == "le":
+        out = cur > value
+    else:
+        out = cur >= value
+    return out
+
+
+@triton.jit
+def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
+    """sync.barrier_kernel where some peers are indirect: the epoch goes to each peer in turn,
+    through NVSHMEM (after nvshmem_quiet) where the peer is indirect."""
+    epoch = tl.load(flags + world) + 1
+    tl.store(flags + world, epoch)
+    nv.quiet(0)
+    for r in range(world):
+        if far(heap_bases, r):
+            _amo1(nv.AMO_SWAP, (flags + rank).to(tl.int64), epoch, epoch ^ epoch, r)
+        else:
+            delta = (tl.load(heap_bases + r) - tl.load(heap_bases + rank)) // 8
+            tl.atomic_xchg(flags + rank + delta, epoch, sem="release", scope="sys")
+    peers = tl.arange(0, BLOCK)
+    live = peers < world
+    pending = 1
+    while pending > 0:
+        seen = tl.atomic_add(flags + peers, 0, mask=live, sem="acquire", scope="sys")
+        pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)

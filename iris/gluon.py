@@ -1,0 +1,149 @@
+"""IrisDeviceCtx: iris's device API for @gluon.jit kernels (Iris's Gluon context, NVIDIA here: warps
+of 32 threads; the caller picks the layouts, these methods keep them).
+
+    from iris.gluon import IrisDeviceCtx          # or: from iris.experimental.iris_gluon import ...
+
+    @gluon.jit
+    def kernel(IrisDeviceCtx: gl.constexpr, context_tensor, buf, peer: gl.constexpr, BLOCK: gl.constexpr):
+        ctx = IrisDeviceCtx.initialize(context_tensor)
+        layout: gl.constexpr = gl.BlockedLayout([BLOCK // 128], [32], [4], [0])
+        offs = gl.arange(0, BLOCK, layout=layout)
+        x = ctx.load(buf + offs, peer)
+
+    kernel[grid](IrisDeviceCtx, ctx.get_device_context(), buf, 1, 512, num_warps=4)
+
+The rank and world size come from the context tensor at run time (as in Iris), so one compiled
+kernel serves every rank. Translation is iris's: a pointer valid in this rank's view, moved by the
+difference of the two ranks' heap bases. Gluon has no interpreter: these kernels run on GPUs only.
+"""
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.language.core import _aggregate as aggregate
+
+
+@gluon.jit
+def _load(ptr, mask, other, cache_modifier: gl.constexpr, volatile: gl.constexpr):
+    # None means Triton's default modifier (Triton 3.6's Gluon rejects a string default passed on);
+    # ptxas rejects ld.volatile with a cache operator, and volatile bypasses the caches anyway
+    if (cache_modifier is None) or volatile:
+        out = gl.load(ptr, mask=mask, other=other, volatile=volatile)
+    else:
+        out = gl.load(ptr, mask=mask, other=other, cache_modifier=cache_modifier, volatile=volatile)
+    return out
+
+
+@gluon.jit
+def _store(ptr, value, mask, cache_modifier: gl.constexpr):
+    if cache_modifier is None:
+        gl.store(ptr, value, mask=mask)
+    else:
+        gl.store(ptr, value, mask=mask, cache_modifier=cache_modifier)
+
+
+@aggregate
+class IrisDeviceCtx:
+    """This rank's view of the heap inside a Gluon kernel; build it with IrisDeviceCtx.initialize."""
+    cur_rank: gl.tensor
+    num_ranks: gl.tensor
+    heap_bases: gl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, cur_rank, num_ranks, heap_bases):
+        self.cur_rank = cur_rank
+        self.num_ranks = num_ranks
+        self.heap_bases = heap_bases
+
+    @staticmethod
+    @gluon.jit
+    def initialize(context_tensor, tracing: gl.constexpr = False):
+        """context_tensor: ctx.get_device_context() ([rank, world, heap_base_0, ...]). Device tracing
+        is recorded by Triton kernels' DeviceContext; here tracing must stay False."""
+        gl.static_assert(not tracing, "iris.gluon.IrisDeviceCtx records no trace events: use tracing=False "
+                                      "(iris.DeviceContext in a @triton.jit kernel traces)")
+        return IrisDeviceCtx(gl.load(context_tensor), gl.load(context_tensor + 1), context_tensor + 2)
+
+    @gluon.jit
+    def _translate(self, ptr, from_rank, to_rank):
+        """ptr (valid in from_rank's view) as to_rank's memory: moved by the bases' difference."""
+        delta = gl.load(self.heap_bases + to_rank) - gl.load(self.heap_bases + from_rank)
+        return tl.cast(tl.cast(ptr, gl.int64) + delta, ptr.dtype)
+
+    @gluon.jit
+    def load(self, pointer, from_rank, mask=None, other=None, cache_modifier: gl.constexpr = None,
+             volatile: gl.constexpr = False):
+        """from_rank's values at pointer (valid in this rank's view)."""
+        return _load(self._translate(pointer, self.cur_rank, from_rank), mask, other, cache_modifier, volatile)
+
+    @gluon.jit
+    def store(self, pointer, value, to_rank, mask=None, cache_modifier: gl.constexpr = None):
+        """Writes value into to_rank's memory at pointer."""
+        _store(self._translate(pointer, self.cur_rank, to_rank), value, mask, cache_modifier)
+
+    @gluon.jit
+    def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier: gl.constexpr = None,
+            store_cache_modifier: gl.constexpr = None):
+        """Copies from_rank's data at from_ptr into this rank's to_ptr."""
+        data = _load(self._translate(from_ptr, self.cur_rank, from_rank), mask, other, load_cache_modifier, False)
+        _store(to_ptr, data, mask, store_cache_modifier)
+
+    @gluon.jit
+    def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, load_cache_modifier: gl.constexpr = None,
+            store_cache_modifier: gl.constexpr = None):
+        """Copies this rank's data at from_ptr into to_rank's to_ptr."""
+        data = _load(from_ptr, mask, other, load_cache_modifier, False)
+        _store(self._translate(to_ptr, self.cur_rank, to_rank), data, mask, store_cache_modifier)
+
+    @gluon.jit
+    def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None,
+             load_cache_modifier: gl.constexpr = None, store_cache_modifier: gl.constexpr = None):
+        """Copies from_rank's src_ptr into to_rank's dst_ptr (both valid in this rank's view); this rank
+        must be one of the two."""
+        data = _load(self._translate(src_ptr, self.cur_rank, from_rank), mask, other, load_cache_modifier, False)
+        _store(self._translate(dst_ptr, self.cur_rank, to_rank), data, mask, store_cache_modifier)
+
+    @gluon.jit
+    def atomic_add(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomically adds val at to_rank's pointer; returns the old values. sem: relaxed, acquire,
+        release or acq_rel (default); scope: cta, gpu (default) or sys (another GPU watches)."""
+        return gl.atomic_add(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_sub(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomically subtracts val (adds -val) at to_rank's pointer; returns the old values."""
+        return gl.atomic_add(self._translate(pointer, self.cur_rank, to_rank), -val, mask=mask, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_cas(self, pointer, cmp, val, to_rank, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Writes val at to_rank's pointer where it holds cmp; returns the old values."""
+        return gl.atomic_cas(self._translate(pointer, self.cur_rank, to_rank), cmp, val, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_xchg(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomically swaps val into to_rank's pointer; returns the old values."""
+        return gl.atomic_xchg(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_xor(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomic bitwise xor at to_rank's pointer; returns the old values."""
+        return gl.atomic_xor(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_and(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomic bitwise and at to_rank's pointer; returns the old values."""
+        return gl.atomic_and(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_or(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomic bitwise or at to_rank's pointer; returns the old values."""
+        return gl.atomic_or(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_min(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomic minimum at to_rank's pointer; returns the old values."""
+        return gl.atomic_min(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+
+    @gluon.jit
+    def atomic_max(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
+        """Atomic maximum at to_rank's pointer; returns the old values."""
+        return gl.atomic_max(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)

@@ -1,0 +1,35 @@
+"""Which peers a heap reaches by load and store (direct) and which through NVSHMEM (indirect).
+
+A peer is indirect where its provider maps no copy of it here (nvshmem_ptr is 0: another node),
+or where IRIS_INDIRECT_PEERS names it: "all", or ranks such as "1,3" (each rank treats the named
+ranks other than itself as indirect). The setting runs NVSHMEM's path on peers that loads and
+stores could reach, so that one host tests it; only allocator='nvshmem' can reach indirect peers.
+"""
+from __future__ import annotations
+
+import os
+
+from ..errors import IrisError
+
+
+def forced(world: int, setting: str | None = None) -> frozenset:
+    """The ranks IRIS_INDIRECT_PEERS (or setting) names; a clear error for anything else."""
+    text = (os.environ.get("IRIS_INDIRECT_PEERS", "") if setting is None else setting).strip().lower()
+    if text in ("", "none"):
+        return frozenset()
+    if text == "all":
+        return frozenset(range(world))
+    try:
+        ranks = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        ranks = None
+    if ranks is None or not all(0 <= r < world for r in ranks):
+        raise IrisError(f"IRIS_INDIRECT_PEERS={text!r}: use 'all', 'none' or ranks in [0, {world}) separated by "
+                        "commas, e.g. '1,3'")
+    return ranks
+
+
+def narrow(bases: dict, rank: int, world: int) -> dict:
+    """peer -> base with the peers IRIS_INDIRECT_PEERS names set to 0 (indirect)."""
+    names = forced(world)
+    return {p: (0 if p in names and p != rank else b) for p, b in bases.items()}
