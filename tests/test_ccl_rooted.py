@@ -208,13 +208,7 @@ def _free_port() -> int:
 
 def test_iris_rooted_program_runs():
     """tests/iris_rooted_program.py: Iris's tests/ccl broadcast, reduce, scatter, gather, send/recv and barrier
-    tests as Iris writes them (torch.distributed references), 2 ranks."""
-    if "block_size_m" not in Config.__dataclass_fields__:
-        pytest.skip("the program builds Config(block_size_m=..., block_size_n=...) as Iris's tests do; this "
-                    "iris.ccl.Config does not take Iris's block-size fields")
-    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
-        pytest.skip("the program's torch.distributed reference runs on NCCL with a rank per GPU, as Iris's tests "
-                    "do; NCCL refuses two ranks on one GPU: needs 2 GPUs")
+    tests as Iris writes them (torch.distributed references on gloo), 2 ranks."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "iris_rooted_program.py"), str(_free_port())],
                           env=env, capture_output=True, text=True, timeout=600)
