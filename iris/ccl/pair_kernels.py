@@ -17,8 +17,11 @@ import triton.language as tl
 from .group_kernel import _meet
 from .kernels import _reduce_ranks
 
+# ranks as plain arguments: one compiled kernel serves every rank and root (Triton would compile an int
+# argument equal to 1 in as a constant, a second kernel for rank 1)
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["me", "rank", "root"])
 def rooted_kernel(inp, out, members, counters, seen, n, per, me, rank, root, world,
                   GROUP: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
                   IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
@@ -68,7 +71,7 @@ def rooted_kernel(inp, out, members, counters, seen, n, per, me, rank, root, wor
     tl.store(seen + pid * world + peer, count + 2, mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "to", "frm"])
 def p2p_kernel(src, dst, counters, seen, heap_bases, n, per, rank, to, frm, world, BLOCK: tl.constexpr,
                SPIN: tl.constexpr):
     """Stores src (n elements, this rank's memory) into rank `to`'s copy of dst (a heap tensor, the same
@@ -101,7 +104,7 @@ def p2p_kernel(src, dst, counters, seen, heap_bases, n, per, rank, to, frm, worl
     tl.store(seen + pid * world + peer, count + 2, mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["me", "rank"])
 def barrier_kernel(members, counters, seen, me, rank, world, GROUP: tl.constexpr, PEERS: tl.constexpr,
                    SPIN: tl.constexpr):
     """One meeting of the GROUP ranks of members (as rooted_kernel's), by program 0's counters: launch
