@@ -230,14 +230,16 @@ def rank_torch_symm(port):
 
 
 @pytest.mark.gpu
-def test_torch_symm_mem_provider():
+@pytest.mark.parametrize("world", [1, 2])
+def test_torch_symm_mem_provider(world):
+    """One rank runs every check on a real rendezvous (its peer is itself); two need a GPU each."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    fails = [f for r in iris.spawn(rank_torch_symm, 2, args=(port,), timeout=300) for f in r]
+    fails = [f for r in iris.spawn(rank_torch_symm, world, args=(port,), timeout=300) for f in r]
     skips = [f for f in fails if f.startswith("SKIP ")]
     if skips:
-        pytest.skip(f"torch symmetric memory's CUDA backend refuses {2} ranks on "
+        pytest.skip(f"torch symmetric memory's CUDA backend refuses {world} ranks on "
                     f"{torch.cuda.device_count()} GPU(s) at rendezvous: {skips[0][5:]}")
     assert not fails, fails
