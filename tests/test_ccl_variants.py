@@ -187,8 +187,6 @@ def check_refusals(ctx):
     if dev.type != "cuda":
         cases.append((lambda: ctx.ccl.all_gather(out, x, config=Config(use_gluon=True)), GluonUnavailable,
                       "Gluon kernels need a GPU"))
-        cases.append((lambda: ctx.ccl.all_to_all(out, out, config=Config(use_gluon=True)), GluonUnavailable,
-                      "Gluon kernels need a GPU"))
     cases.append((lambda: ctx.ccl.reduce_scatter(torch.empty_like(x), x, group=[ctx.rank], config=Config(
         reduce_scatter_variant="ring_chunked")), ConfigError, "'ring_chunked' is not available there"))
     for i, (call, kind, words) in enumerate(cases):
