@@ -312,20 +312,43 @@ class CCL:
         from .rooted import gather
         gather(self, out, inp, dst, group, config)
 
-    def send(self, tensor, dst, group=None, tag=0, config=None):
-        """Stores tensor into the copy of it on the rank at group position dst, which must call
-        recv(tensor, src=<this rank's position>) as its matching call. tensor: a heap tensor, the same
-        allocation on both ranks. Pairs by call order, not tag (accepted for Iris). Collective over the
-        pair: this rank and dst, same order, same sizes."""
-        from .p2p import send
-        send(self, tensor, dst, group, config)
+    def init_p2p(self, max_numel=2 ** 20, dtype=None, config=None):
+        """A mailbox (iris.ccl.p2p.P2PState) for send/recv/isend/irecv(p2p_state=) of any tensors up to
+        max_numel elements of dtype (default bfloat16). Collective: all ranks, same order, same sizes."""
+        from .p2p import init_p2p
+        return init_p2p(self.ctx, max_numel, dtype, config)
 
-    def recv(self, tensor, src, group=None, tag=0, config=None):
-        """Receives into tensor (a heap tensor, the same allocation on both ranks) what the rank at group
-        position src sends with its matching send(tensor, dst=<this rank's position>). Collective over
-        the pair: this rank and src, same order, same sizes."""
+    def send(self, tensor, dst, group=None, tag=0, config=None, p2p_state=None):
+        """Sends tensor to the rank at group position dst, which must call recv(..., src=<this rank's
+        position>) as its matching call. Without p2p_state, tensor is a heap tensor (the same allocation
+        on both ranks) stored into dst's copy; with a mailbox from init_p2p, any tensor. Pairs by call
+        order; tag is accepted for Iris and not used. Collective over the pair: this rank and dst, same
+        order, same sizes."""
+        from .p2p import send
+        send(self.ctx, tensor, dst, p2p_state, group, tag, config)
+
+    def recv(self, tensor, src, group=None, tag=0, config=None, p2p_state=None):
+        """Receives into tensor what the rank at group position src sends with its matching send:
+        tensor a heap tensor (the same allocation on both ranks), or with p2p_state any tensor.
+        Collective over the pair: this rank and src, same order, same sizes."""
         from .p2p import recv
-        recv(self, tensor, src, group, config)
+        recv(self.ctx, tensor, src, p2p_state, group, tag, config)
+
+    def isend(self, tensor, dst, group=None, tag=0, config=None, p2p_state=None):
+        """send, returning a work whose wait() blocks the host until it is done. Collective over the pair."""
+        from .p2p import isend
+        return isend(self.ctx, tensor, dst, p2p_state, group, tag, config)
+
+    def irecv(self, tensor, src, group=None, tag=0, config=None, p2p_state=None):
+        """recv, returning a work whose wait() blocks the host until it is done. Collective over the pair."""
+        from .p2p import irecv
+        return irecv(self.ctx, tensor, src, p2p_state, group, tag, config)
+
+    def batch_isend_irecv(self, p2p_op_list, p2p_state=None):
+        """Every iris.ccl.p2p.P2POp's send, then every recv, each in list order (Iris's order); one work
+        each. Collective over each transfer's pair, as send and recv."""
+        from .p2p import batch_isend_irecv
+        return batch_isend_irecv(self.ctx, p2p_op_list, p2p_state)
 
     def sendrecv(self, send_tensor, recv_tensor, dst, src, group=None, tag=0, config=None):
         """Sends send_tensor (any tensor) into recv_tensor (a heap tensor, the same allocation on every
@@ -333,14 +356,14 @@ class CCL:
         recv_tensor. Every rank named as a dst or src makes its own sendrecv (a ring or any
         permutation). Collective over those ranks: same order, same sizes."""
         from .p2p import sendrecv
-        sendrecv(self, send_tensor, recv_tensor, dst, src, group, config)
+        sendrecv(self.ctx, send_tensor, recv_tensor, dst, src, group, tag, config)
 
     def barrier(self, group=None):
         """Every rank of group (None: all) waits on the device until all reached it, in stream order:
         no host round trip, capturable in a CUDA graph. Collective: all ranks (of the group), same
         order."""
         from .p2p import barrier
-        barrier(self, group)
+        barrier(self.ctx, group)
 
     # -- plans -------------------------------------------------------------
     def _config(self, config) -> Config:
