@@ -274,18 +274,35 @@ def rank_gpu():
                             Config(all_reduce_variant="two_shot", all_reduce_distribution=0, **spin))
     bad += check_all_reduce(ctx, "ring", (1 << 18,), torch.float32, Config(all_reduce_variant="ring",
                                                                            all_reduce_num_rings=4, **spin))
-    for v in AG:
+    for v in ("pull", "persistent", "partitioned"):  # ring: rank_gpu_rings
         for rows in ((5, 7), (1000, 129)):
             bad += check_all_gather(ctx, v, rows, torch.bfloat16, Config(all_gather_variant=v, comm_sms=64, **spin))
-        bad += check_all_gather(ctx, v, (1000, 129), torch.float32, Config(all_gather_variant=v, **spin), heap=True,
-                                reps=5)
-    for v in ("two_shot", "ring_chunked"):
-        for dist in (0, 1):
-            bad += check_tile_reduce_scatter(ctx, 1000, 129, Config(all_reduce_distribution=dist,
-                                                                    reduce_scatter_variant=v, **spin), reps=3)
-        bad += check_reduce_scatter_rows(ctx, (999, 17), torch.bfloat16, Config(reduce_scatter_variant=v, **spin),
-                                         reps=5)
+        bad += check_all_gather(ctx, v, (1000, 129), torch.float32, Config(all_gather_variant=v, **spin), heap=True)
+    for dist in (0, 1):
+        bad += check_tile_reduce_scatter(ctx, 1000, 129, Config(all_reduce_distribution=dist, **spin))
     bad += check_mutation(ctx)
+    ctx.close()
+    bad += rank_gpu_rings()
+    return bad
+
+
+def rank_gpu_rings():
+    """all_gather ring and reduce_scatter ring_chunked (both layouts, both distributions) at GPU sizes:
+    plain and heap tensors, several calls in a row with new data, a partial last block or tile."""
+    ctx = iris.iris(heap_size=1 << 30)
+    spin = dict(spin_limit=1 << 24)
+    bad = []
+    for rows, dtype in (((5, 7), torch.bfloat16), ((1000, 129), torch.bfloat16), ((3, 100003), torch.float32)):
+        bad += check_all_gather(ctx, "ring", rows, dtype, Config(all_gather_variant="ring", comm_sms=64, **spin),
+                                reps=3)
+    bad += check_all_gather(ctx, "ring", (1000, 129), torch.float32, Config(all_gather_variant="ring", **spin),
+                            heap=True, reps=5)
+    for dist in (0, 1):
+        bad += check_tile_reduce_scatter(ctx, 1000, 129, Config(all_reduce_distribution=dist, **spin,
+                                                                reduce_scatter_variant="ring_chunked"), reps=3)
+    for rows, dtype in (((999, 17), torch.bfloat16), ((4099,), torch.int32), ((5, 3), torch.float32)):
+        bad += check_reduce_scatter_rows(ctx, rows, dtype, Config(reduce_scatter_variant="ring_chunked", **spin),
+                                         reps=5)
     ctx.close()
     return bad
 
@@ -294,6 +311,14 @@ def rank_gpu():
 def test_variants_gpu():
     """2 ranks on the first GPU (or one each where there are two): every variant at GPU sizes, races for real."""
     out = iris.spawn(rank_gpu, 2)
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of 2: {bad[:10]}"
+
+
+@pytest.mark.gpu
+def test_ring_variants_gpu():
+    """Only the ring all_gather and ring_chunked reduce_scatter of test_variants_gpu, 2 ranks."""
+    out = iris.spawn(rank_gpu_rings, 2)
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of 2: {bad[:10]}"
 

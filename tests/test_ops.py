@@ -206,6 +206,38 @@ def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     return [e for e in errors if e]
 
 
+def rank_mag_bias(dtype, M, N, K, reps):
+    """matmul_all_gather with and without each rank's bias at GPU tiles, the same tensors called again
+    and again with new data (eager calls replay a captured graph from the third on)."""
+    ctx = iris.iris(heap_size=1 << 28)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    m = M // w
+    a, b, bias = (torch.empty(s, dtype=dtype, device=dev) for s in ((m, K), (K, N), (m,)))
+    out, errors = ctx.empty((w * m, N), dtype=dtype), []
+    for rep in range(reps):
+        ins = _inputs(w, [(m, K), (m,)], dtype, 500 + rep)
+        Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(600 + rep)).to(dtype)
+        a.copy_(ins[r][0]), b.copy_(Bg), bias.copy_(ins[r][1])
+        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        for with_bias in (False, True):
+            out.fill_(float("nan"))
+            ctx.ops.matmul_all_gather(out, a, b, bias=bias if with_bias else None)
+            if with_bias:
+                want += torch.cat([x[1].float() for x in ins])[:, None]
+            errors.append(_close(f"matmul_all_gather bias={with_bias} rep {rep}", out, want, dtype))
+    ctx.barrier()
+    ctx.close()
+    return [e for e in errors if e]
+
+
+@pytest.mark.gpu
+def test_matmul_all_gather_bias_gpu():
+    """Iris's bias in matmul_all_gather on the GPU tiles (TMA), odd sizes, 2 ranks, repeated calls."""
+    out = iris.spawn(rank_mag_bias, 2, args=(torch.bfloat16, 2 * 300, 1000, 776, 4))
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["fused", "streamed"])
 def test_fused_ops_gpu_repeated_calls_replay(variant):
