@@ -87,11 +87,13 @@ def test_all_reduce_two_shot_distribution(distribution, dtype=torch.float32, M=6
 
 
 def test_all_gather(dtype, M, N, block_size_m, block_size_n, variant=None):
+    """Iris's test_all_gather (None: the default variant, persistent, partitioned) and test_all_gather_ring
+    (ring, through all_gather_preamble and workspace=), with the ring test's input pattern."""
     shmem = iris.iris(HEAP)
     rank = shmem.get_rank()
     world_size = shmem.get_num_ranks()
-    pytorch_input_tensor = torch.randn(M, N, dtype=dtype, device=_device(rank))
-    pytorch_input_tensor.fill_(float(rank + 1))
+    arange_vals = torch.arange(M * N, dtype=torch.float32, device=_device(rank)).reshape(M, N)
+    pytorch_input_tensor = ((arange_vals % 1000) * rank + rank).to(dtype)
     pytorch_output_tensor = torch.zeros(world_size * M, N, dtype=dtype)
     shmem.barrier()
     dist.all_gather_into_tensor(pytorch_output_tensor, pytorch_input_tensor.cpu())
@@ -108,39 +110,16 @@ def test_all_gather(dtype, M, N, block_size_m, block_size_n, variant=None):
         config = Config(block_size_m=block_size_m, block_size_n=block_size_n, all_gather_variant=variant)
     else:
         config = Config(block_size_m=block_size_m, block_size_n=block_size_n)
-    shmem.ccl.all_gather(iris_output_tensor, iris_input_tensor, config=config)
-    shmem.barrier()
-    try:
-        assert torch.allclose(iris_output_tensor.cpu(), pytorch_output_tensor, atol=1e-5), (
-            f"Rank {rank}: Iris output ({variant}) doesn't match PyTorch's all_gather_into_tensor")
-    finally:
+    if variant == "ring":
+        workspace = shmem.ccl.all_gather_preamble(iris_output_tensor, iris_input_tensor, config=config)
         shmem.barrier()
-        del shmem
-        gc.collect()
-
-
-def test_all_gather_ring(dtype, M, N, block_size_m, block_size_n):
-    shmem = iris.iris(HEAP)
-    rank = shmem.get_rank()
-    world_size = shmem.get_num_ranks()
-    arange_vals = torch.arange(M * N, dtype=torch.float32, device=_device(rank)).reshape(M, N)
-    pytorch_input_tensor = ((arange_vals % 1000) * rank + rank).to(dtype)
-    pytorch_output_tensor = torch.zeros(world_size * M, N, dtype=dtype)
+        shmem.ccl.all_gather(iris_output_tensor, iris_input_tensor, config=config, workspace=workspace)
+    else:
+        shmem.ccl.all_gather(iris_output_tensor, iris_input_tensor, config=config)
     shmem.barrier()
-    dist.all_gather_into_tensor(pytorch_output_tensor, pytorch_input_tensor.cpu())
-
-    iris_input_tensor = shmem.zeros((M, N), dtype=dtype)
-    iris_input_tensor.copy_(pytorch_input_tensor)
-    iris_output_tensor = shmem.zeros((world_size * M, N), dtype=dtype)
-    config = Config(block_size_m=block_size_m, block_size_n=block_size_n, all_gather_variant="ring")
-    workspace = shmem.ccl.all_gather_preamble(iris_output_tensor, iris_input_tensor, config=config)
-    shmem.barrier()
-    shmem.ccl.all_gather(iris_output_tensor, iris_input_tensor, config=config, workspace=workspace)
-    shmem.barrier()
-    match = torch.equal(iris_output_tensor.cpu(), pytorch_output_tensor)
     try:
-        assert match, (f"Rank {rank}: ring all_gather differs from all_gather_into_tensor for dtype={dtype}, "
-                       f"M={M}, N={N}")
+        assert torch.equal(iris_output_tensor.cpu(), pytorch_output_tensor), (
+            f"Rank {rank}: Iris output ({variant}) doesn't match PyTorch's all_gather_into_tensor")
     finally:
         shmem.barrier()
         del shmem
@@ -246,11 +225,9 @@ def _worker(rank, world_size, port):
             test_all_reduce(variant, dtype, 16, 24)
     for distribution in (0, 1):
         test_all_reduce_two_shot_distribution(distribution)
-    for variant in (None, "persistent", "partitioned"):
+    for variant in (None, "persistent", "partitioned", "ring"):
         test_all_gather(torch.float32, 16, 8, 32, 64, variant)
         test_all_gather(torch.bfloat16, 8, 16, 32, 16, variant)
-    for dtype, M, N, bm, bn in ((torch.float32, 16, 8, 32, 64), (torch.bfloat16, 12, 32, 32, 16)):
-        test_all_gather_ring(dtype, M, N, bm, bn)
     test_all_to_all(torch.float32, 8, 6)
     for distribution in (0, 1):
         test_reduce_scatter(distribution)
