@@ -11,6 +11,10 @@ one-shot and two-shot; NCCL all_reduce; torch.ops.symm_mem one_shot_all_reduce a
 two_shot_all_reduce_ (multicast off). all_gather, reduce_scatter (sizes are per rank's input / output)
 and all_to_all (size: one rank's whole input) against NCCL's all_gather_into_tensor,
 reduce_scatter_tensor and all_to_all_single. Every iris result is checked against NCCL's once per size.
+
+    python -m iris.run -n 2 benchmarks/collectives.py --sweep-variants [--sizes 4K,64K,1M,16M,64M]
+
+times every variant of every collective (see sweep_variants) and works with ranks sharing one GPU.
 """
 from __future__ import annotations
 
@@ -43,14 +47,14 @@ def slowest(x):
 
 
 class Timer:
-    def __init__(self, ctx, gpu, samples):
-        self.ctx, self.gpu, self.samples = ctx, gpu, samples
+    def __init__(self, ctx, gpu, samples, warmup=3):
+        self.ctx, self.gpu, self.samples, self.warmup = ctx, gpu, samples, warmup
 
     def calls_for(self, nbytes):
         return max(3, min(200, (64 * MiB) // max(nbytes, 1)))
 
     def eager(self, fn, calls):
-        for _ in range(3):
+        for _ in range(self.warmup):
             fn()
         self.sync()
         if not self.gpu:
@@ -77,7 +81,7 @@ class Timer:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            for _ in range(3):
+            for _ in range(self.warmup):
                 fn()
         torch.cuda.current_stream().wait_stream(s)
         self.sync()
@@ -277,9 +281,6 @@ def sweep(ctx, timer, gpu):
     return rows
 
 
-SWEEP_SETTINGS = ((0, 0, 0), (16384, 16, 0), (4096, 8, 0), (32768, 16, 0), (8192, 8, 264))  # block, warps, programs
-
-
 class Watchdog:
     """Ends this rank (after dumping what was measured, on rank 0) if a step makes no progress for `limit`
     seconds: a kernel that never returns must not hold the device call until its time runs out."""
@@ -306,127 +307,252 @@ class Watchdog:
                     os._exit(3)
 
 
-def sweep_variants(ctx, timer, gpu, args, dump):
-    """all_reduce bf16 at 1, 16, 64, 256 MiB for each variant (pull one/two-shot, push one/two-shot) and
-    kernel setting, heap and plain tensors, eager and graph; NCCL and symm_mem two_shot_all_reduce_ in
-    the same run. Each (size, variant, setting, residence) is checked once before it is timed: out
-    poisoned with NaN, every element equal to NCCL's result (inputs are small integers, so every sum
-    is exact in any order). Kernels run with Config.spin_limit, so a variant that deadlocks gives up,
-    is recorded as failed and the sweep goes on; the watchdog covers the rest."""
-    rows, group = [], dist.group.WORLD
-    symm = None
-    if gpu:
-        import torch.distributed._symmetric_memory as symm_mem
-        symm = symm_mem
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_for_group(group.group_name)
-    sizes = [int(m) * MiB for m in args.sizes.split(",")] if args.sizes else (
-        [s for s in (MiB, 16 * MiB, 64 * MiB, 256 * MiB) if s <= args.max_bytes] or [args.max_bytes])
-    for nbytes in sizes:
-        n = nbytes // 2
-        calls = max(5, min(50, (256 * MiB) // nbytes)) if gpu else 2
-        g = torch.Generator(device=ctx.device).manual_seed(ctx.rank)
-        x = torch.randint(-16, 16, (n,), device=ctx.device, generator=g).to(torch.bfloat16)
-        ref = x.clone()
-        dist.all_reduce(ref)
-        base = {"bytes": nbytes, "calls_per_sample": calls}
-        ref_row = dict(base, variant="reference")
-        dump.tick(f"references {nbytes}")
-        y = torch.empty_like(x)
-        timer.both(ref_row, "nccl", lambda: dist.all_reduce(y), calls)
-        if symm is not None:
-            try:
-                t = symm.empty(n, dtype=torch.bfloat16, device=ctx.device)
-                symm.rendezvous(t, group.group_name)
-                t.copy_(x)
-                timer.both(ref_row, "symm_two_shot",
-                           lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", group.group_name), calls)
-                del t
-            except Exception as e:
-                ref_row["symm_error"] = f"{type(e).__name__}: {e}"[:200]
-        rows.append(ref_row)
-        dump.save(rows)
-        xh, yh = ctx.empty(n, dtype=torch.bfloat16).copy_(x), ctx.empty(n, dtype=torch.bfloat16)
-        tensors = {"plain": (x, y), "heap": (xh, yh)}
-        variants = [v for v, top in (("one_shot", 16 * MiB), ("two_shot", None), ("one_shot_push", 64 * MiB),
-                                     ("two_shot_push", None), ("atomic", 64 * MiB), ("spinlock", 16 * MiB),
-                                     ("ring", None)) if (top is None or nbytes <= top)
-                    and (not args.variants or v in args.variants.split(","))]
-        for variant in variants:
-            for block, warps, programs in SWEEP_SETTINGS[:args.settings] if gpu else SWEEP_SETTINGS[:2]:
-                cfg = Config(block_size=block, num_warps=warps or None, comm_sms=programs or None,
-                             all_reduce_variant=variant, spin_limit=args.spin_limit)
-                for where, (x_, y_) in tensors.items():
-                    row = dict(base, variant=variant, block_size=block, num_warps=warps, comm_sms=programs,
-                               tensors=where)
-                    dump.tick(f"{variant} {nbytes} {block}/{warps}/{programs} {where}")
-                    row["ok"] = check_once(ctx, cfg, x_, y_, ref, row, gpu)
-                    if not row["ok"] and row["gave_up"]:  # maybe a peer still compiling: once more, fresh plan
-                        ctx.ccl.free()
-                        row["first_try"] = {k: row.pop(k) for k in ("wrong_elements", "gave_up", "error") if k in row}
-                        row["ok"] = check_once(ctx, cfg, x_, y_, ref, row, gpu)
-                    if row["ok"]:
-                        timer.both(row, "iris", lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
-                        row["gave_up_while_timed"] = gave_up(ctx, cfg, x_, y_)
-                    rows.append(row)
-                ctx.ccl.free()
-                dump.save(rows)
-            if ctx.rank == 0:
-                done = [r for r in rows if r["bytes"] == nbytes and r.get("variant") == variant]
-                print(f"sweep {_size(nbytes)} {variant}: " + "; ".join(
-                    f"{r['block_size']}/{r['num_warps']}/{r['comm_sms']} {r['tensors']} "
-                    + (f"{r.get('iris_graph_us') or 0:.1f}" if r["ok"] else "FAILED") for r in done), flush=True)
-        ctx.free(yh)
-        ctx.free(xh)
-    return rows
+# -- the variant sweep (--sweep-variants) -------------------------------------------------------------
+SWEEP_SIZES = "4K,64K,1M,16M,64M"
+POISON = -77.0  # bf16-exact, and no sum of the inputs (small integers) reaches it
+COLS = 256  # columns of every 2-D tensor of the sweep (a multiple of the ranks for all_to_all)
+# every variant a Config names, per collective ("gluon": Config(use_gluon=True), heap out)
+VARIANTS = {"all_reduce": ("auto", "one_shot", "two_shot", "one_shot_push", "two_shot_push", "atomic", "spinlock",
+                           "ring"),
+            "all_gather": ("pull", "persistent", "partitioned", "ring", "gluon"),
+            "reduce_scatter": ("two_shot", "ring_chunked"),
+            "reduce_scatter_tiles": ("two_shot", "ring_chunked"),
+            "all_to_all": ("default", "gluon")}
+FIELD = {"all_reduce": "all_reduce_variant", "all_gather": "all_gather_variant",
+         "reduce_scatter": "reduce_scatter_variant", "reduce_scatter_tiles": "reduce_scatter_variant",
+         "all_to_all": "all_to_all_variant"}
 
 
-def gave_up(ctx, cfg, x, y):
-    """Whether a program of this call's plan gave up waiting (Config.spin_limit), on any rank."""
-    plan = ctx.ccl.plans.get(("ar", ReduceOp.SUM, x.shape, y.shape, x.dtype, cfg.key()))
-    mine = bool(plan is not None and (plan.args[plan.at["flags"]] < 0).any().item())
-    return bool(slowest(int(mine)))
-
-
-def check_once(ctx, cfg, x, y, ref, row, gpu):
-    """One call into a NaN-poisoned out, compared with NCCL's result element by element; True where every
-    rank got it right. A host error is recorded; every rank makes the same collective calls either way."""
-    try:
-        y.fill_(float("nan"))
-        ctx.ccl.all_reduce(y, x, config=cfg)
-        torch.cuda.synchronize() if gpu else None
-        row["wrong_elements"] = int((y != ref).sum().item())  # NaN != anything: a poisoned element left counts
-    except Exception as e:
-        row["error"] = f"{type(e).__name__}: {e}"[:300]
-    row["gave_up"] = gave_up(ctx, cfg, x, y)
-    return not slowest(int("error" in row or row["wrong_elements"] > 0 or row["gave_up"]))
+def _bytes(text):
+    """'4K', '1M', '4096' -> bytes."""
+    text = text.strip().upper()
+    return int(text[:-1]) * {"K": KiB, "M": MiB}[text[-1]] if text[-1] in "KM" else int(text)
 
 
 def _size(nbytes):
     return f"{nbytes >> 20}M" if nbytes >= MiB else f"{nbytes >> 10}K"
 
 
-def sweep_table(rows):
-    """One line per (size, variant, setting): graph / eager us for plain and heap tensors."""
+def _inputs(ctx, shape, rank, nbytes, tag):
+    """Rank `rank`'s input: small integers in bf16, the same on every process (seeded), so any rank can
+    build every rank's and every sum is exact in any order."""
+    import zlib
+    g = torch.Generator(device=ctx.device).manual_seed(zlib.crc32(f"{rank} {nbytes} {tag}".encode()))
+    return torch.randint(-8, 9, shape, device=ctx.device, generator=g).to(torch.bfloat16)
+
+
+def _owned_tiles(m, n, cfg, rank, world, device):
+    """Where rank's tiles lie in an (m, n) tensor for reduce_scatter in Iris's layout (Config's tiles,
+    swizzle_size tile rows per group, dealt by all_reduce_distribution)."""
+    bm, bn, group = cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size
+    grid_m, grid_n = -(-m // bm), -(-n // bn)
+    tiles, mask = grid_m * grid_n, torch.zeros(m, n, dtype=torch.bool, device=device)
+    share = -(-tiles // world)
+    for t in range(tiles):
+        if (t % world == rank) if cfg.all_reduce_distribution == 0 else (t // share == rank):
+            first = (t // (group * grid_n)) * group
+            rows = min(grid_m - first, group)
+            pm, pn = first + (t % (group * grid_n)) % rows, (t % (group * grid_n)) // rows
+            mask[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = True
+    return mask
+
+
+def _problem(ctx, name, nbytes):
+    """(inp, out, want, rows) of one collective at nbytes (all_reduce, all_gather, all_to_all: one rank's
+    input; reduce_scatter: one rank's output, its input world times that): bf16, COLS columns."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    rows = max(1, nbytes // (2 * COLS))
+    if name in ("all_reduce", "all_gather", "all_to_all"):
+        xs = [_inputs(ctx, (rows, COLS), q, nbytes, name) for q in range(w)]
+    else:
+        xs = [_inputs(ctx, (w * rows, COLS), q, nbytes, name) for q in range(w)]
+    total = sum(x.float() for x in xs).to(torch.bfloat16) if name.startswith(("all_reduce", "reduce")) else None
+    if name == "all_reduce":
+        want = total
+    elif name == "all_gather":
+        want = torch.cat(xs)
+    elif name == "reduce_scatter":
+        want = total[r * rows:(r + 1) * rows]
+    elif name == "reduce_scatter_tiles":
+        want = torch.where(_owned_tiles(w * rows, COLS, Config(), r, w, dev), total,
+                           torch.full_like(total, POISON))
+    else:
+        c = COLS // w
+        want = torch.cat([x[:, r * c:(r + 1) * c] for x in xs], dim=1)
+    return xs[r], torch.empty_like(want), want, rows
+
+
+def _iris_call(ctx, name, variant, inp, out, spin):
+    """The call of one iris variant (a heap out for the Gluon kernels, which store into the peers' out)."""
+    if variant == "gluon":
+        cfg = Config(use_gluon=True, spin_limit=spin)
+        out = ctx.empty(out.shape, dtype=out.dtype)
+    else:
+        cfg = Config(spin_limit=spin, **{FIELD[name]: variant})
+    call = getattr(ctx.ccl, name.replace("_tiles", ""))
+    return (lambda: call(out, inp, config=cfg)), out
+
+
+def _references(ctx, gpu, world):
+    """NCCL's group and torch symmetric memory where they can run, else why not: {name: group or reason}."""
+    if not gpu:
+        return {"nccl": "not run: the host has no GPU", "symm_mem": "not run: the host has no GPU"}
+    gpus = torch.cuda.device_count()
+    if gpus < world:
+        why = (f"not run: {world} ranks share {gpus} GPU(s); NCCL refuses two ranks on one GPU (\"Duplicate GPU "
+               "detected\") and torch symmetric memory's CUDA backend needs one GPU per rank")
+        return {"nccl": why, "symm_mem": why}
+    refs = {}
+    try:
+        refs["nccl"] = dist.new_group(backend="nccl")
+        t = torch.ones(1, device=ctx.device)
+        dist.all_reduce(t, group=refs["nccl"])
+    except Exception as e:  # say why in the JSON and go on without it
+        refs["nccl"] = f"failed: {type(e).__name__}: {e}"[:300]
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+        group = refs["nccl"] if not isinstance(refs["nccl"], str) else dist.group.WORLD
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+        t = symm_mem.empty(16, dtype=torch.bfloat16, device=ctx.device)
+        symm_mem.rendezvous(t, group.group_name)
+        refs["symm_mem"] = (symm_mem, group)
+    except Exception as e:
+        refs["symm_mem"] = f"failed: {type(e).__name__}: {e}"[:300]
+    return refs
+
+
+def _reference_calls(name, inp, out, refs):
+    """(name, call) of the references that run for this collective."""
+    calls = []
+    nccl = refs.get("nccl")
+    if nccl is not None and not isinstance(nccl, str):
+        y = inp.clone()
+        calls.append(("nccl", {"all_reduce": lambda: dist.all_reduce(y, group=nccl),
+                               "all_gather": lambda: dist.all_gather_into_tensor(out, inp, group=nccl),
+                               "reduce_scatter": lambda: dist.reduce_scatter_tensor(out, inp, group=nccl),
+                               "all_to_all": lambda: dist.all_to_all_single(y, inp, group=nccl)}.get(name)))
+    symm = refs.get("symm_mem")
+    if name == "all_reduce" and symm is not None and not isinstance(symm, str):
+        symm_mem, group = symm
+        t = symm_mem.empty(inp.numel(), dtype=inp.dtype, device=inp.device)
+        symm_mem.rendezvous(t, group.group_name)
+        t.copy_(inp.flatten())
+        calls.append(("symm_mem_one_shot", lambda: torch.ops.symm_mem.one_shot_all_reduce(t, "sum",
+                                                                                           group.group_name)))
+        calls.append(("symm_mem_two_shot", lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum",
+                                                                                            group.group_name)))
+    return [(n, c) for n, c in calls if c is not None]
+
+
+def _once(ctx, fn, gpu):
+    """Seconds of one call, the slowest rank's."""
+    import time
+    if gpu:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    if gpu:
+        torch.cuda.synchronize()
+    return slowest(time.perf_counter() - t)
+
+
+def _timed(ctx, timer, row, name, fn, gpu, slow):
+    """One call to find its cost, then eager and graph times with as many calls per sample as fit in
+    about 40 ms; nothing when one call takes more than slow seconds (row says so)."""
+    one = _once(ctx, fn, gpu)
+    row[f"{name}_one_call_s"] = round(one, 6)
+    if one > slow:
+        row[f"{name}_skipped"] = f"one call took {one:.3f} s (over {slow} s)"
+        return False
+    calls = max(1, min(50, int(0.04 / max(one, 1e-6))))
+    row[f"{name}_calls_per_sample"] = calls
+    timer.both(row, name, fn, calls)
+    return True
+
+
+def sweep_variants(ctx, timer, gpu, args, dump):
+    """Every variant of all_reduce, all_gather, reduce_scatter (torch's layout and Iris's tiles) and
+    all_to_all, bf16, at each size, eager and replayed from a CUDA graph; NCCL and torch symmetric
+    memory in the same run where they can run (the JSON says why not otherwise). Each variant is
+    checked once per size before it is timed (out poisoned, every element compared with the sum or
+    copy built from every rank's seeded input). Kernels run with Config.spin_limit, so a variant that
+    deadlocks gives up and is recorded as failed; a variant that fails, or whose call takes more than
+    --slow seconds, is not run at larger sizes; no new step starts after --budget seconds, and rank 0
+    rewrites the JSON after every step."""
+    import time
+    t0 = time.monotonic()
+    refs = _references(ctx, gpu, ctx.world)
+    dump.meta["references"] = {k: v if isinstance(v, str) else "run" for k, v in refs.items()}
+    if not gpu:
+        dump.meta["gluon"] = "not run: Gluon kernels need a GPU"
+    rows, dropped = [], {}
+    only = set(args.variants.split(",")) if args.variants else None
+    for nbytes in [_bytes(x) for x in args.sizes.split(",")]:
+        for name, variants in VARIANTS.items():
+            if slowest(time.monotonic() - t0) > args.budget:
+                dump.meta["stopped"] = f"time budget of {args.budget:.0f} s spent before {_size(nbytes)} {name}"
+                return rows
+            dump.tick(f"{name} {nbytes}")
+            inp, out, want, _ = _problem(ctx, name, nbytes)
+            for variant in variants:
+                if (only and variant not in only) or (name, variant) in dropped or (variant == "gluon" and not gpu):
+                    continue
+                row = {"collective": name, "variant": variant, "bytes": nbytes}
+                dump.tick(f"{name} {variant} {nbytes}")
+                try:
+                    fn, o = _iris_call(ctx, name, variant, inp, out, args.spin_limit)
+                    o.fill_(POISON)
+                    fn()  # builds the plan, compiles
+                    if gpu:
+                        torch.cuda.synchronize()
+                    wrong = int((o != want).sum().item())
+                except Exception as e:  # every rank makes the same calls either way
+                    row["error"], wrong, fn = f"{type(e).__name__}: {e}"[:300], -1, None
+                row["wrong_elements"] = wrong
+                row["ok"] = not slowest(int(wrong != 0))
+                if not row["ok"] or not _timed(ctx, timer, row, "iris", fn, gpu, args.slow):
+                    dropped[(name, variant)] = nbytes  # a failed or slow variant costs time at every size
+                    dump.meta.setdefault("dropped", {})[f"{name} {variant}"] = (
+                        f"not run above {_size(nbytes)}: " + (row.get("iris_skipped") or "wrong data or an error"))
+                rows.append(row)
+                ctx.ccl.free()
+                if variant == "gluon" and fn is not None:
+                    ctx.free(o)
+                dump.save(rows)
+            for ref, fn in _reference_calls(name, inp, out, refs):
+                row = {"collective": name, "variant": ref, "bytes": nbytes, "ok": None}
+                dump.tick(f"{name} {ref} {nbytes}")
+                _timed(ctx, timer, row, "ref", fn, gpu, args.slow)
+                rows.append(row)
+                dump.save(rows)
+            if ctx.rank == 0:
+                done = [r for r in rows if r["bytes"] == nbytes and r["collective"] == name]
+                print(f"{_size(nbytes):>4} {name}: " + "; ".join(
+                    f"{r['variant']} " + (_cell(r) if r["ok"] is not False else "FAILED") for r in done), flush=True)
+            del inp, out, want
+    return rows
+
+
+def _cell(r):
+    """'graph/eager' microseconds of a row, '-' where not measured."""
     def f(v):
-        return f"{v:7.1f}" if v else f"{'-':>7}"
-    lines = ["all_reduce bf16 variant sweep, us per call: plain graph/eager | heap graph/eager",
-             f"{'size':>5} {'variant':<14} {'blk/warps/progs':<16} {'plain':>15} | {'heap':>15}"]
+        return f"{v:.1f}" if v else "-"
+    k = "iris" if r["ok"] is not None else "ref"
+    return f"{f(r.get(f'{k}_graph_us'))}/{f(r.get(f'{k}_eager_us'))}"
+
+
+def sweep_table(rows):
+    """One line per (collective, variant): graph / eager us at each size."""
+    sizes = sorted({r["bytes"] for r in rows})
+    lines = ["bf16, us per call, graph/eager (FAILED: wrong data or an error; -: not run)",
+             f"{'collective':<21} {'variant':<18}" + "".join(f"{_size(s):>16}" for s in sizes)]
     keyed = {}
     for r in rows:
-        if r["variant"] == "reference":
-            lines.append(f"{_size(r['bytes']):>5} {'nccl':<14} {'':<16} {f(r.get('nccl_graph_us'))}/"
-                         f"{f(r.get('nccl_eager_us'))} | symm_mem two-shot {f(r.get('symm_two_shot_graph_us'))}/"
-                         f"{f(r.get('symm_two_shot_eager_us'))}")
-            continue
-        keyed.setdefault((r["bytes"], r["variant"], r["block_size"], r["num_warps"], r["comm_sms"]), {})[r["tensors"]] = r
-    for (nbytes, variant, b, w, p), by in keyed.items():
-        cells = []
-        for where in ("plain", "heap"):
-            r = by.get(where)
-            cells.append("FAILED" if r is None or not r["ok"] else
-                         f"{f(r.get('iris_graph_us'))}/{f(r.get('iris_eager_us'))}")
-        lines.append(f"{_size(nbytes):>5} {variant:<14} {f'{b}/{w}/{p}':<16} {cells[0]:>15} | {cells[1]:>15}")
+        keyed.setdefault((r["collective"], r["variant"]), {})[r["bytes"]] = r
+    for (name, variant), by in keyed.items():
+        cells = [("FAILED" if by[s]["ok"] is False else _cell(by[s])) if s in by else "-" for s in sizes]
+        lines.append(f"{name:<21} {variant:<18}" + "".join(f"{c:>16}" for c in cells))
     return "\n".join(lines)
 
 
@@ -434,7 +560,7 @@ class Dump:
     """Rank 0 rewrites the sweep's JSON after every step, so a run ended early keeps what it measured."""
 
     def __init__(self, rank, args):
-        self.rank, self.args, self.rows, self.watchdog = rank, args, [], None
+        self.rank, self.args, self.rows, self.watchdog, self.meta = rank, args, [], None, {}
 
     def tick(self, step):
         if self.watchdog is not None:
@@ -444,9 +570,11 @@ class Dump:
         self.rows = rows
         if self.rank != 0:
             return None
-        payload = {"dtype": "bfloat16", "units": "microseconds per call, median", "sweep": rows,
-                   "settings": "block_size/num_warps/comm_sms, 0 = default (8192 bf16 elements, 8 warps, one "
-                               "program per SM)", "spin_limit": self.args.spin_limit,
+        payload = {"dtype": "bfloat16", "units": "microseconds per call, median of samples, slowest rank",
+                   "sizes": "all_reduce, all_gather, all_to_all: one rank's input; reduce_scatter: one rank's "
+                            "output (its input is world times that); reduce_scatter_tiles: Iris's layout, input and "
+                            "output world times the size", "sweep": rows, "spin_limit": self.args.spin_limit,
+                   "budget_s": self.args.budget, **self.meta,
                    "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
                    "table": sweep_table(rows).splitlines()}
         if note:
@@ -455,7 +583,7 @@ class Dump:
             payload["caveat"] = (f"{dist.get_world_size()} ranks on {torch.cuda.device_count()} GPU(s): the ranks' "
                                  "kernels time-slice one GPU and their peer traffic never crosses NVLink, so these "
                                  "times compare variants' synchronisation and host costs, not bandwidth between GPUs")
-        return write_result("collectives_variants", payload, self.args.out)
+        return write_result("collectives_sweep", payload, self.args.out)
 
     def __call__(self, note):
         self.save(self.rows, note)
@@ -487,21 +615,24 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--dry-run", action="store_true", help="host: tiny sizes, gloo, no graphs")
     p.add_argument("--sweep-variants", action="store_true",
-                   help="only the all_reduce variant/setting sweep (1, 16, 64, 256 MiB; JSON collectives_variants-*)")
-    p.add_argument("--sizes", default="", help="--sweep-variants: comma list of sizes in MiB (default 1,16,64,256)")
+                   help="only the sweep of every variant of every collective (JSON collectives_sweep-*)")
+    p.add_argument("--sizes", default=SWEEP_SIZES, help=f"--sweep-variants: comma list, K/M suffixes ({SWEEP_SIZES})")
     p.add_argument("--variants", default="", help="--sweep-variants: comma list of variants (default all)")
-    p.add_argument("--settings", type=int, default=None, help="--sweep-variants: only the first N kernel settings")
-    p.add_argument("--spin-limit", type=int, default=1 << 24,
+    p.add_argument("--spin-limit", type=int, default=1 << 22,
                    help="--sweep-variants: Config.spin_limit of every kernel (polls before a program gives up)")
-    p.add_argument("--watchdog", type=float, default=120.0,
+    p.add_argument("--watchdog", type=float, default=60.0,
                    help="--sweep-variants: seconds without progress before a rank dumps its results and ends")
+    p.add_argument("--budget", type=float, default=150.0,
+                   help="--sweep-variants: seconds after which no new step starts")
+    p.add_argument("--slow", type=float, default=0.25,
+                   help="--sweep-variants: a variant whose call takes longer is not timed, nor run at larger sizes")
     args = p.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.dry_run
     if args.dry_run:
         args.max_bytes = min(args.max_bytes, KiB)
+    if args.sweep_variants:  # gloo between the ranks: they may share a GPU, which NCCL refuses
+        return main_sweep(args, gpu, *init_torch_distributed("gloo"))
     rank, world = init_torch_distributed()
-    if args.sweep_variants:
-        return main_sweep(args, gpu, rank, world)
     ctx = iris.iris(heap_size=(8 * args.max_bytes * world + 256 * MiB) if gpu else 1 << 26)
     sizes = [1 << p for p in range(10, 29, 2) if (1 << p) <= args.max_bytes]
     if gpu and args.max_bytes >= MiB and MiB not in sizes:
@@ -531,8 +662,11 @@ def main(argv=None) -> int:
 
 
 def main_sweep(args, gpu, rank, world) -> int:
-    ctx = iris.iris(heap_size=(6 * args.max_bytes + 512 * MiB) if gpu else 1 << 26)
-    timer = Timer(ctx, gpu, args.samples if gpu else 1)
+    if not gpu:
+        args.sizes = ",".join(x for x in args.sizes.split(",") if _bytes(x) <= 4 * KiB) or "4K"
+    biggest = max(_bytes(x) for x in args.sizes.split(","))
+    ctx = iris.iris(heap_size=(12 * world * biggest + 512 * MiB) if gpu else 1 << 26)
+    timer = Timer(ctx, gpu, args.samples if gpu else 1, warmup=1)
     dump = Dump(rank, args)
     dump.watchdog = Watchdog(args.watchdog, dump)
     rows = sweep_variants(ctx, timer, gpu, args, dump)
@@ -540,7 +674,7 @@ def main_sweep(args, gpu, rank, world) -> int:
     if rank == 0:
         print(sweep_table(rows))
         print(f"wrote {path}")
-    ok = all(r["ok"] for r in rows if r["variant"] in ("one_shot", "two_shot"))  # the measured kernels
+    ok = all(r["ok"] is not False for r in rows)  # every variant checked gave the right data
     ctx.barrier()
     ctx.close()
     dist.destroy_process_group()

@@ -14,8 +14,9 @@ import torch.distributed as dist
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def init_torch_distributed() -> tuple[int, int]:
-    """A torch process group over the ranks iris.run (or torchrun) started: NCCL on GPUs, gloo on the host."""
+def init_torch_distributed(backend: str | None = None) -> tuple[int, int]:
+    """A torch process group over the ranks iris.run (or torchrun) started: backend, else NCCL on GPUs and
+    gloo on the host."""
     if not dist.is_initialized():
         rank = int(os.environ.get("IRIS_RANK", os.environ.get("RANK", 0)))
         world = int(os.environ.get("IRIS_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
@@ -23,7 +24,7 @@ def init_torch_distributed() -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", "29533")
         if torch.cuda.is_available():
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         kwargs = {"device_id": torch.device("cuda", rank % torch.cuda.device_count())} if backend == "nccl" else {}
         dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
     return dist.get_rank(), dist.get_world_size()

@@ -1,5 +1,6 @@
 """Collective tests written the way Iris's tests/ccl writes them: iris.iris(heap_size), Config with Iris's
-fields (set at construction and after it), all_reduce_preamble then all_reduce(..., workspace=),
+fields (set at construction and after it), all_reduce_preamble then all_reduce(..., workspace=), the
+ring all_gather through all_gather_preamble and workspace=, reduce_scatter's variants,
 results compared with torch.distributed's, reduce_scatter's tiles located with Config's block sizes
 and swizzle_size. Only the import refers to this iris. Sizes are small so that
 the host driver's interpreter runs them; the reference runs on gloo over CPU copies (NCCL refuses two
@@ -86,11 +87,13 @@ def test_all_reduce_two_shot_distribution(distribution, dtype=torch.float32, M=6
 
 
 def test_all_gather(dtype, M, N, block_size_m, block_size_n, variant=None):
+    """Iris's test_all_gather (None: the default variant, persistent, partitioned) and test_all_gather_ring
+    (ring, through all_gather_preamble and workspace=), with the ring test's input pattern."""
     shmem = iris.iris(HEAP)
     rank = shmem.get_rank()
     world_size = shmem.get_num_ranks()
-    pytorch_input_tensor = torch.randn(M, N, dtype=dtype, device=_device(rank))
-    pytorch_input_tensor.fill_(float(rank + 1))
+    arange_vals = torch.arange(M * N, dtype=torch.float32, device=_device(rank)).reshape(M, N)
+    pytorch_input_tensor = ((arange_vals % 1000) * rank + rank).to(dtype)
     pytorch_output_tensor = torch.zeros(world_size * M, N, dtype=dtype)
     shmem.barrier()
     dist.all_gather_into_tensor(pytorch_output_tensor, pytorch_input_tensor.cpu())
@@ -107,10 +110,15 @@ def test_all_gather(dtype, M, N, block_size_m, block_size_n, variant=None):
         config = Config(block_size_m=block_size_m, block_size_n=block_size_n, all_gather_variant=variant)
     else:
         config = Config(block_size_m=block_size_m, block_size_n=block_size_n)
-    shmem.ccl.all_gather(iris_output_tensor, iris_input_tensor, config=config)
+    if variant == "ring":
+        workspace = shmem.ccl.all_gather_preamble(iris_output_tensor, iris_input_tensor, config=config)
+        shmem.barrier()
+        shmem.ccl.all_gather(iris_output_tensor, iris_input_tensor, config=config, workspace=workspace)
+    else:
+        shmem.ccl.all_gather(iris_output_tensor, iris_input_tensor, config=config)
     shmem.barrier()
     try:
-        assert torch.allclose(iris_output_tensor.cpu(), pytorch_output_tensor, atol=1e-5), (
+        assert torch.equal(iris_output_tensor.cpu(), pytorch_output_tensor), (
             f"Rank {rank}: Iris output ({variant}) doesn't match PyTorch's all_gather_into_tensor")
     finally:
         shmem.barrier()
@@ -160,7 +168,10 @@ def _swizzle_tile_to_pid(tile_id, num_pid_m, num_pid_n, group_size_m):
     return pid_m, pid_n
 
 
-def test_reduce_scatter_two_shot_distribution(distribution, dtype=torch.float32, M=96, N=256):
+def test_reduce_scatter(distribution, variant="two_shot", dtype=torch.float32, M=96, N=256, block_size_m=None,
+                        block_size_n=None):
+    """Iris's test_reduce_scatter (variants two_shot and ring_chunked, block sizes given) and
+    test_reduce_scatter_two_shot_distribution (Config's block sizes), in one."""
     ctx = iris.iris(HEAP)
     rank = ctx.get_rank()
     world_size = ctx.get_num_ranks()
@@ -169,7 +180,8 @@ def test_reduce_scatter_two_shot_distribution(distribution, dtype=torch.float32,
     iris_input_tensor.copy_(pytorch_input_tensor)
     iris_output_tensor = ctx.zeros((M, N), dtype=dtype)
     ctx.barrier()
-    config = Config(reduce_scatter_variant="two_shot", all_reduce_distribution=distribution)
+    sizes = {} if block_size_m is None else dict(block_size_m=block_size_m, block_size_n=block_size_n)
+    config = Config(reduce_scatter_variant=variant, all_reduce_distribution=distribution, **sizes)
     ctx.ccl.reduce_scatter(iris_output_tensor, iris_input_tensor, config=config)
     ctx.barrier()
 
@@ -196,9 +208,10 @@ def test_reduce_scatter_two_shot_distribution(distribution, dtype=torch.float32,
             n_end = min(n_start + block_size_n, N)
             tile_data = iris_output_tensor[m_start:m_end, n_start:n_end]
             expected_tile = torch.full_like(tile_data, expected_sum)
-            assert torch.allclose(tile_data, expected_tile, atol=1e-5, rtol=0), (
-                f"Rank {rank}, tile {tile_id}, distribution={distribution}: Expected {expected_sum}, "
-                f"got max={tile_data.max().item()}, min={tile_data.min().item()}")
+            atol = 1e-3 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+            assert torch.allclose(tile_data, expected_tile, atol=atol, rtol=0), (
+                f"Rank {rank}, tile {tile_id}, variant={variant}, distribution={distribution}: "
+                f"Expected {expected_sum}, got max={tile_data.max().item()}, min={tile_data.min().item()}")
     finally:
         ctx.barrier()
         del ctx
@@ -212,12 +225,15 @@ def _worker(rank, world_size, port):
             test_all_reduce(variant, dtype, 16, 24)
     for distribution in (0, 1):
         test_all_reduce_two_shot_distribution(distribution)
-    for variant in (None, "persistent", "partitioned"):
+    for variant in (None, "persistent", "partitioned", "ring"):
         test_all_gather(torch.float32, 16, 8, 32, 64, variant)
         test_all_gather(torch.bfloat16, 8, 16, 32, 16, variant)
     test_all_to_all(torch.float32, 8, 6)
     for distribution in (0, 1):
-        test_reduce_scatter_two_shot_distribution(distribution)
+        test_reduce_scatter(distribution)
+    for variant in ("two_shot", "ring_chunked"):
+        for dtype in (torch.float16, torch.bfloat16):
+            test_reduce_scatter(1, variant, dtype, 40, 64, 8, 16)
     print(f"rank {rank}: OK", flush=True)
     dist.destroy_process_group()
 

@@ -1,5 +1,6 @@
-"""Iris's tests/ccl broadcast, reduce, scatter, gather, send/recv and barrier tests, written the way Iris
-writes them: iris.iris(heap_size) per test, tensors from shmem.zeros, Config with Iris's fields,
+"""Iris's tests/ccl broadcast, reduce, scatter, gather, send/recv (on heap tensors, and through a
+mailbox: init_p2p, p2p_state=, isend/irecv, batch_isend_irecv with P2POp) and barrier tests, written
+the way Iris writes them: iris.iris(heap_size) per test, tensors from shmem.zeros, Config with Iris's fields,
 results compared with torch.distributed's. Only the import refers to this iris. Sizes are small so
 that the host driver's interpreter runs them; the references run on gloo over CPU copies (NCCL
 refuses two ranks on one GPU), and a rank's device is "cpu" on the host.
@@ -14,6 +15,7 @@ import torch.multiprocessing as mp
 
 import iris
 from iris.ccl import Config
+from iris.ccl.p2p import P2POp, irecv, isend
 
 HEAP = 2**26
 
@@ -265,6 +267,91 @@ def test_send_recv_paired(dtype, M, N):
     gc.collect()
 
 
+def _mailbox(max_numel):
+    """A fresh context and its mailbox, as every test of Iris's test_p2p starts: (ctx, p2p, rank, W, device)."""
+    ctx = iris.iris(HEAP)
+    p2p = ctx.ccl.init_p2p(max_numel=max_numel, dtype=torch.float32)
+    ctx.barrier()
+    return ctx, p2p, ctx.get_rank(), ctx.get_num_ranks(), _device(ctx.get_rank())
+
+
+def test_send_recv_sizes(N):
+    ctx, p2p, rank, W, device = _mailbox(2**12)
+    if rank == 0:
+        t = torch.arange(N, dtype=torch.float32, device=device)
+        ctx.ccl.send(t, dst=1, p2p_state=p2p)
+    elif rank == 1:
+        t = torch.zeros(N, dtype=torch.float32, device=device)
+        ctx.ccl.recv(t, src=0, p2p_state=p2p)
+        expected = torch.arange(N, dtype=torch.float32, device=device)
+        torch.testing.assert_close(t, expected)
+    ctx.barrier()
+
+
+def test_isend_irecv():
+    ctx, p2p, rank, W, device = _mailbox(4096)
+    N = 2048
+    ref = torch.randn(N, dtype=torch.float32) if rank == 0 else torch.empty(N, dtype=torch.float32)
+    dist.broadcast(ref, src=0)
+    ref = ref.to(device)
+    if rank == 0:
+        work = ctx.ccl.isend(ref, dst=1, p2p_state=p2p)
+        work.wait()
+    elif rank == 1:
+        out = torch.zeros(N, dtype=torch.float32, device=device)
+        work = ctx.ccl.irecv(out, src=0, p2p_state=p2p)
+        work.wait()
+        torch.testing.assert_close(out, ref)
+    ctx.barrier()
+
+
+def test_batch(all_pairs):
+    """Iris's test_ring (rank i -> i + 1) and test_all_pairs (every rank to every other) by batch_isend_irecv."""
+    ctx, p2p, rank, W, device = _mailbox(1024)
+    N = 1024
+    peers = [p for p in range(W) if p != rank] if all_pairs else [(rank + 1) % W]
+    send_bufs, recv_bufs, ops = {}, {}, []
+    for peer in peers:
+        s = torch.full((N,), float(rank * 100 + peer), dtype=torch.float32, device=device)
+        src = peer if all_pairs else (rank - 1 + W) % W
+        r = torch.zeros(N, dtype=torch.float32, device=device)
+        send_bufs[peer], recv_bufs[src] = s, r
+        ops.append(P2POp(op=isend, tensor=s, peer=peer))
+        ops.append(P2POp(op=irecv, tensor=r, peer=src))
+    works = ctx.ccl.batch_isend_irecv(ops, p2p)
+    for w in works:
+        w.wait()
+    for src, r in recv_bufs.items():
+        torch.testing.assert_close(r, torch.full((N,), float(src * 100 + rank), dtype=torch.float32, device=device))
+    ctx.barrier()
+
+
+def test_multiple_sends_and_pingpong():
+    ctx, p2p, rank, W, device = _mailbox(1024)
+    N = 512
+    for i in range(3):
+        if rank == 0:
+            t = torch.full((N,), float(i), dtype=torch.float32, device=device)
+            ctx.ccl.send(t, dst=1, p2p_state=p2p)
+        elif rank == 1:
+            t = torch.zeros(N, dtype=torch.float32, device=device)
+            ctx.ccl.recv(t, src=0, p2p_state=p2p)
+            torch.testing.assert_close(t, torch.full((N,), float(i), dtype=torch.float32, device=device))
+    data = torch.randn(N, dtype=torch.float32) if rank == 0 else torch.empty(N, dtype=torch.float32)
+    dist.broadcast(data, src=0)
+    data = data.to(device)
+    if rank == 0:
+        ctx.ccl.send(data, dst=1, p2p_state=p2p)
+        echo = torch.zeros(N, dtype=torch.float32, device=device)
+        ctx.ccl.recv(echo, src=1, p2p_state=p2p)
+        torch.testing.assert_close(echo, data)
+    elif rank == 1:
+        buf = torch.zeros(N, dtype=torch.float32, device=device)
+        ctx.ccl.recv(buf, src=0, p2p_state=p2p)
+        ctx.ccl.send(buf, dst=0, p2p_state=p2p)
+    ctx.barrier()
+
+
 def test_barrier_multiple_calls():
     shmem = iris.iris(HEAP)
     rank = shmem.get_rank()
@@ -337,6 +424,12 @@ def _worker(rank, world_size, port):
         test_sendrecv_ring(dtype, 16, 8)
         test_send_recv_paired(dtype, 8, 16)
     test_sendrecv_ring(torch.float32, 1, 1)
+    for N in (1, 64, 1024):
+        test_send_recv_sizes(N)
+    test_isend_irecv()
+    test_batch(all_pairs=False)
+    test_batch(all_pairs=True)
+    test_multiple_sends_and_pingpong()
     test_barrier_multiple_calls()
     test_barrier_with_all_reduce()
     print(f"rank {rank}: OK", flush=True)

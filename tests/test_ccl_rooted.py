@@ -15,6 +15,7 @@ import torch
 
 import iris
 from iris.ccl import CollectiveError, Config, ReduceOp
+from iris.ccl.p2p import P2POp, irecv, isend
 from test_ccl import POISON, _data, _poisoned, _reduce, _same, wrong_errors
 from test_ccl_groups import OPS, Slots, _dist
 
@@ -183,10 +184,49 @@ def run_all(ctx, dist, dtypes, reps, cfg, shapes=((37,), (5, 7)), groups=None):
     return bad
 
 
+def check_mailbox(ctx, cfg, rep, dtype=torch.float32, cap=64):
+    """send/recv(p2p_state=) of plain tensors through a mailbox (init_p2p), as Iris's tests/ccl/test_p2p
+    uses it: pairs 2k -> 2k+1 (three messages in a row, into a poisoned and a transposed tensor), a
+    ring and all pairs by batch_isend_irecv, and bad tensors refused before anything is launched."""
+    r, w, dev, ccl = ctx.rank, ctx.world, ctx.device, ctx.ccl
+    box, bad = ccl.init_p2p(max_numel=cap, dtype=dtype), []
+    for k, shape in enumerate(((1,), (5, 7), (cap,))):
+        x = _data(shape, dtype, r ^ 1, rep + k, dev)
+        if r % 2 == 0 and r + 1 < w:
+            ccl.send(_data(shape, dtype, r, rep + k, dev), dst=r + 1, p2p_state=box, config=cfg)
+        elif r % 2 == 1:
+            got = torch.full(shape[::-1], POISON, dtype=dtype, device=dev).t()  # not contiguous
+            ccl.recv(got, src=r - 1, p2p_state=box, config=cfg)
+            if not _same(got, x):
+                bad.append(("mailbox pair", shape))
+    for ops in ([(isend, (r + 1) % w), (irecv, (r - 1) % w)], [(f, q) for f in (isend, irecv) for q in range(w)
+                                                                 if q != r]):
+        sent = {q: _data((11,), dtype, 100 * r + q, rep, dev) for q in range(w)}
+        got = {q: torch.full((11,), POISON, dtype=dtype, device=dev) for q in range(w)}
+        works = ccl.batch_isend_irecv([P2POp(f, sent[q] if f is isend else got[q], q) for f, q in ops], box)
+        for work in works:
+            work.wait()
+        for f, q in ops:
+            if f is irecv and not _same(got[q], _data((11,), dtype, 100 * q + r, rep, dev)):
+                bad.append(("mailbox batch", len(ops), q))
+    plain = torch.ones(10, device=dev)
+    bad += wrong_errors([
+        (lambda: ccl.send(plain.int(), dst=(r + 1) % w, p2p_state=box), CollectiveError, "mailbox holds up to"),
+        (lambda: ccl.recv(torch.ones(cap + 1, device=dev), src=(r + 1) % w, p2p_state=box), CollectiveError,
+         "init_p2p(max_numel"),
+        (lambda: ccl.send(torch.ones(4, 3, device=dev).t(), dst=(r + 1) % w, p2p_state=box), CollectiveError,
+         "contiguous"),
+        (lambda: ccl.batch_isend_irecv([P2POp(print, plain, 0)], box), CollectiveError, "isend, irecv"),
+        (lambda: ccl.init_p2p(max_numel=0), CollectiveError, "max_numel must be"),
+    ])
+    return bad
+
+
 def rank_host(world, dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     dist = _dist(ctx)
     bad = run_all(ctx, dist, dtypes, reps, Config(block_size=16, comm_sms=2))  # 2 programs, partial blocks
+    bad += check_mailbox(ctx, Config(block_size=16, comm_sms=2), 0)
     dist.destroy_process_group()
     ctx.close()
     return bad
@@ -277,6 +317,42 @@ def rank_gpu(replays):
     dist.destroy_process_group()
     ctx.close()
     return bad
+
+
+def rank_mailbox_gpu(replays):
+    """The mailbox checks at GPU sizes, then a ring by batch_isend_irecv captured in a CUDA graph and
+    replayed with new data (the message counts advance on the device)."""
+    ctx = iris.iris(heap_size=1 << 28)
+    r, w, dev, ccl = ctx.rank, ctx.world, ctx.device, ctx.ccl
+    bad = []
+    for rep in range(3):
+        bad += check_mailbox(ctx, None, rep, torch.bfloat16, cap=(1 << 20) + 3)
+    box, n = ccl.init_p2p(max_numel=1 << 16, dtype=torch.bfloat16), (1 << 16) - 5
+    send, got = torch.empty(n, dtype=torch.bfloat16, device=dev), torch.empty(n, dtype=torch.bfloat16, device=dev)
+    ring = [P2POp(isend, send, (r + 1) % w), P2POp(irecv, got, (r - 1) % w)]
+    ccl.batch_isend_irecv(ring, box)  # builds the plans outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ccl.batch_isend_irecv(ring, box)
+    for rep in range(replays):
+        send.copy_(_data((n,), torch.bfloat16, r, 50 + rep, dev))
+        got.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        if not _same(got, _data((n,), torch.bfloat16, (r - 1) % w, 50 + rep, dev)):
+            bad.append(("mailbox graph replay", rep))
+    ctx.barrier()
+    ctx.close()
+    return bad
+
+
+@pytest.mark.gpu
+def test_mailbox_gpu():
+    """send/recv(p2p_state=) and batch_isend_irecv on 2 ranks at GPU sizes, eager and from a CUDA graph."""
+    out = iris.spawn(rank_mailbox_gpu, 2, args=(10,))
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r}: {bad[:10]}"
 
 
 @pytest.mark.gpu

@@ -16,6 +16,11 @@ KERNEL = {"one_shot": ("pull_kernel", {"MODE": "ar"}), "two_shot": ("two_shot_ke
           "one_shot_push": ("push_kernel", {"TWO_SHOT": False}), "two_shot_push": ("push_kernel", {"TWO_SHOT": True}),
           "atomic": ("accumulate_kernel", {"LOCK": False}), "spinlock": ("accumulate_kernel", {"LOCK": True}),
           "ring": ("ring_kernel", {})}
+AG = ("pull", "persistent", "partitioned", "ring")
+# the kernel each all_gather_variant and reduce_scatter_variant must launch
+MOVES = {"pull": "pull_kernel", "persistent": "gather_push_kernel", "partitioned": "gather_push_kernel",
+         "ring": "ring_gather_kernel", "two_shot": "tile_reduce_scatter_kernel",
+         "ring_chunked": "ring_reduce_scatter_kernel"}
 
 
 def _data(shape, dtype, rank, rep, device):
@@ -49,15 +54,38 @@ def check_all_reduce(ctx, variant, shape, dtype, cfg, rep=0, heap=False):
     return bad + ([] if torch.equal(x, want) else [tag + ("in place", x.flatten()[:6].tolist())])
 
 
-def check_all_gather(ctx, variant, rows, dtype, cfg, heap=False):
+def _ran(ctx, mode, out, x, cfg, variant):
+    """Whether the plan of this whole-job call runs the kernel of its variant (MOVES)."""
+    plan = ctx.ccl.plans[(mode, ReduceOp.SUM, x.shape, out.shape, x.dtype, cfg.key(), 0)]
+    return [] if plan.fn.__name__ == MOVES[variant] else [(mode, variant, "ran", plan.fn.__name__)]
+
+
+def check_all_gather(ctx, variant, rows, dtype, cfg, heap=False, reps=1):
+    """reps: back to back calls with new data into the same poisoned out (the workspace is reused)."""
     r, w, dev = ctx.rank, ctx.world, ctx.device
-    xs = [_data(rows, dtype, q, 5, dev) for q in range(w)]
     shape = (w * rows[0],) + tuple(rows[1:])
-    out = torch.full(shape, POISON, dtype=dtype, device=dev)
-    if heap:
-        out = ctx.empty(shape, dtype=dtype).fill_(POISON)
-    ctx.ccl.all_gather(out, xs[r], config=cfg)
-    return [] if torch.equal(out, torch.cat(xs)) else [("all_gather", variant, tuple(rows), str(dtype), "heap" * heap)]
+    out = ctx.empty(shape, dtype=dtype) if heap else torch.empty(shape, dtype=dtype, device=dev)
+    bad = []
+    for rep in range(reps):
+        xs = [_data(rows, dtype, q, 5 + rep, dev) for q in range(w)]
+        out.fill_(POISON)
+        ctx.ccl.all_gather(out, xs[r], config=cfg)
+        if not torch.equal(out, torch.cat(xs)):
+            bad.append(("all_gather", variant, tuple(rows), str(dtype), "heap" * heap, rep))
+    return bad + _ran(ctx, "ag", out, xs[r], cfg, variant)
+
+
+def check_reduce_scatter_rows(ctx, rows, dtype, cfg, reps=1):
+    """torch's layout: out (rows) on rank r = rows [r*rows, (r+1)*rows) of the sum of every rank's inp."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    out, bad = torch.empty(rows, dtype=dtype, device=dev), []
+    for rep in range(reps):
+        xs = [_data((w * rows[0],) + tuple(rows[1:]), dtype, q, 7 + rep, dev) for q in range(w)]
+        out.fill_(POISON)
+        ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
+        if not torch.equal(out, _sum(xs)[r * rows[0]:(r + 1) * rows[0]]):
+            bad.append(("reduce_scatter rows", cfg.reduce_scatter_variant, tuple(rows), str(dtype), rep))
+    return bad + _ran(ctx, "rs", out, xs[r], cfg, cfg.reduce_scatter_variant)
 
 
 def _owned(t, tiles, rank, world, dist):
@@ -65,25 +93,30 @@ def _owned(t, tiles, rank, world, dist):
     return t % world == rank if dist == 0 else t // -(-tiles // world) == rank
 
 
-def check_tile_reduce_scatter(ctx, m, n, cfg, dtype=torch.float32, rep=0):
+def check_tile_reduce_scatter(ctx, m, n, cfg, dtype=torch.float32, rep=0, reps=1):
     """reduce_scatter in Iris's layout (out shaped as inp): this rank's tiles, in Iris's swizzled order,
-    hold the sum; every other element of out keeps its poison."""
+    hold the sum; every other element of out keeps its poison. reps: back to back calls, new data."""
     r, w, dev = ctx.rank, ctx.world, ctx.device
     bm, bn, group = cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size
-    xs = [_data((m, n), dtype, q, rep, dev) for q in range(w)]
-    out = torch.full((m, n), POISON, dtype=dtype, device=dev)
-    ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
-    want = torch.full((m, n), POISON, dtype=dtype, device=dev)
-    total, grid_m, grid_n = _sum(xs), -(-m // bm), -(-n // bn)
-    tiles = grid_m * grid_n
-    for t in range(tiles):
-        if _owned(t, tiles, r, w, cfg.all_reduce_distribution):
-            first = (t // (group * grid_n)) * group
-            rows = min(grid_m - first, group)
-            pm, pn = first + (t % (group * grid_n)) % rows, (t % (group * grid_n)) // rows
-            want[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = total[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn]
-    tag = ("reduce_scatter tiles", (m, n), (bm, bn, group), cfg.all_reduce_distribution, str(dtype))
-    return [] if torch.equal(out, want) else [tag]
+    out, bad = torch.empty((m, n), dtype=dtype, device=dev), []
+    for rep in range(rep, rep + reps):
+        xs = [_data((m, n), dtype, q, rep, dev) for q in range(w)]
+        out.fill_(POISON)
+        ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
+        want = torch.full((m, n), POISON, dtype=dtype, device=dev)
+        total, grid_m, grid_n = _sum(xs), -(-m // bm), -(-n // bn)
+        tiles = grid_m * grid_n
+        for t in range(tiles):
+            if _owned(t, tiles, r, w, cfg.all_reduce_distribution):
+                first = (t // (group * grid_n)) * group
+                rows = min(grid_m - first, group)
+                pm, pn = first + (t % (group * grid_n)) % rows, (t % (group * grid_n)) // rows
+                want[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = total[pm * bm:(pm + 1) * bm,
+                                                                           pn * bn:(pn + 1) * bn]
+        if not torch.equal(out, want):
+            bad.append(("reduce_scatter tiles", cfg.reduce_scatter_variant, (m, n), (bm, bn, group),
+                        cfg.all_reduce_distribution, str(dtype), rep))
+    return bad + _ran(ctx, "rst", out, xs[r], cfg, cfg.reduce_scatter_variant)
 
 
 def check_repeats(ctx, variant, n, cfg, reps):
@@ -154,6 +187,8 @@ def check_refusals(ctx):
     if dev.type != "cuda":
         cases.append((lambda: ctx.ccl.all_gather(out, x, config=Config(use_gluon=True)), GluonUnavailable,
                       "Gluon kernels need a GPU"))
+    cases.append((lambda: ctx.ccl.reduce_scatter(torch.empty_like(x), x, group=[ctx.rank], config=Config(
+        reduce_scatter_variant="ring_chunked")), ConfigError, "'ring_chunked' is not available there"))
     for i, (call, kind, words) in enumerate(cases):
         try:
             call()
@@ -178,19 +213,25 @@ def rank_host(dtypes, reps, full):
         for dtype in dtypes:
             bad += check_all_reduce(ctx, v, (37,), dtype, Config(all_reduce_variant=v, all_reduce_distribution=0,
                                                                  **tiled, **flat))
-    for v in ("pull", "persistent", "partitioned"):
+    for v in AG:
         cfg = Config(all_gather_variant=v, block_size=16, comm_sms=2 * ctx.world)
-        bad += check_all_gather(ctx, v, (5, 7), dtypes[0], cfg)
+        bad += check_all_gather(ctx, v, (5, 7), dtypes[0], cfg, reps=2 if v == "ring" else 1)
         bad += check_all_gather(ctx, v, (3, 11), torch.float32, cfg, heap=True)
+    ring_rs = Config(reduce_scatter_variant="ring_chunked", block_size=16, comm_sms=2)
+    bad += check_reduce_scatter_rows(ctx, (3, 13), dtypes[-1], ring_rs, reps=2)
     for v in ("atomic", "spinlock", "ring", "two_shot"):
         bad += check_repeats(ctx, v, 45, Config(all_reduce_variant=v, block_size=16, comm_sms=1,
                                                 all_reduce_distribution=0), reps)
     for dist in (0, 1):
-        bad += check_tile_reduce_scatter(ctx, 13, 21, Config(block_size_m=4, block_size_n=8, swizzle_size=2,
-                                                             all_reduce_distribution=dist, comm_sms=2))
+        for v in ("two_shot", "ring_chunked"):
+            bad += check_tile_reduce_scatter(ctx, 13, 21, Config(block_size_m=4, block_size_n=8, swizzle_size=2,
+                                                                 all_reduce_distribution=dist, comm_sms=2,
+                                                                 reduce_scatter_variant=v),
+                                             reps=2 if v == "ring_chunked" and dist else 1)
     if full:
-        bad += check_tile_reduce_scatter(ctx, 9, 16, Config(block_size_m=4, block_size_n=4, comm_sms=3),
-                                         torch.bfloat16, rep=1)
+        for v in ("two_shot", "ring_chunked"):
+            bad += check_tile_reduce_scatter(ctx, 9, 16, Config(block_size_m=4, block_size_n=4, comm_sms=3,
+                                                                reduce_scatter_variant=v), torch.bfloat16, rep=1)
         cfg = Config(all_reduce_variant="two_shot", block_size=16, comm_sms=2)
         bad += check_all_reduce(ctx, "two_shot", (5, 19), torch.float32, cfg)
         bad += check_all_reduce(ctx, "two_shot", (5, 19), torch.bfloat16, cfg, heap=True)
@@ -233,13 +274,35 @@ def rank_gpu():
                             Config(all_reduce_variant="two_shot", all_reduce_distribution=0, **spin))
     bad += check_all_reduce(ctx, "ring", (1 << 18,), torch.float32, Config(all_reduce_variant="ring",
                                                                            all_reduce_num_rings=4, **spin))
-    for v in ("pull", "persistent", "partitioned"):
+    for v in ("pull", "persistent", "partitioned"):  # ring: rank_gpu_rings
         for rows in ((5, 7), (1000, 129)):
             bad += check_all_gather(ctx, v, rows, torch.bfloat16, Config(all_gather_variant=v, comm_sms=64, **spin))
         bad += check_all_gather(ctx, v, (1000, 129), torch.float32, Config(all_gather_variant=v, **spin), heap=True)
     for dist in (0, 1):
         bad += check_tile_reduce_scatter(ctx, 1000, 129, Config(all_reduce_distribution=dist, **spin))
     bad += check_mutation(ctx)
+    ctx.close()
+    bad += rank_gpu_rings()
+    return bad
+
+
+def rank_gpu_rings():
+    """all_gather ring and reduce_scatter ring_chunked (both layouts, both distributions) at GPU sizes:
+    plain and heap tensors, several calls in a row with new data, a partial last block or tile."""
+    ctx = iris.iris(heap_size=1 << 30)
+    spin = dict(spin_limit=1 << 24)
+    bad = []
+    for rows, dtype in (((5, 7), torch.bfloat16), ((1000, 129), torch.bfloat16), ((3, 100003), torch.float32)):
+        bad += check_all_gather(ctx, "ring", rows, dtype, Config(all_gather_variant="ring", comm_sms=64, **spin),
+                                reps=3)
+    bad += check_all_gather(ctx, "ring", (1000, 129), torch.float32, Config(all_gather_variant="ring", **spin),
+                            heap=True, reps=5)
+    for dist in (0, 1):
+        bad += check_tile_reduce_scatter(ctx, 1000, 129, Config(all_reduce_distribution=dist, **spin,
+                                                                reduce_scatter_variant="ring_chunked"), reps=3)
+    for rows, dtype in (((999, 17), torch.bfloat16), ((4099,), torch.int32), ((5, 3), torch.float32)):
+        bad += check_reduce_scatter_rows(ctx, rows, dtype, Config(reduce_scatter_variant="ring_chunked", **spin),
+                                         reps=5)
     ctx.close()
     return bad
 
@@ -248,6 +311,14 @@ def rank_gpu():
 def test_variants_gpu():
     """2 ranks on the first GPU (or one each where there are two): every variant at GPU sizes, races for real."""
     out = iris.spawn(rank_gpu, 2)
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of 2: {bad[:10]}"
+
+
+@pytest.mark.gpu
+def test_ring_variants_gpu():
+    """Only the ring all_gather and ring_chunked reduce_scatter of test_variants_gpu, 2 ranks."""
+    out = iris.spawn(rank_gpu_rings, 2)
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of 2: {bad[:10]}"
 
@@ -282,9 +353,10 @@ def test_config_mutation_changes_key():
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(all_reduce_variant="fast"), "all_reduce_variant must be one of 'auto', 'atomic', 'ring'"),
-    (dict(all_gather_variant="ring"), "all_gather_variant must be one of"),
+    (dict(all_gather_variant="chain"), "all_gather_variant must be one of 'pull', 'persistent', 'partitioned', "
+                                       "'ring'"),
     (dict(all_to_all_variant="tdm"), "use_gluon=True"),
-    (dict(reduce_scatter_variant="ring"), "reduce_scatter_variant must be one of 'two_shot'"),
+    (dict(reduce_scatter_variant="ring"), "reduce_scatter_variant must be one of 'two_shot', 'ring_chunked'"),
     (dict(all_reduce_distribution=2), "0 (blocks strided across ranks) or 1"),
     (dict(block_size_n=64, all_reduce_ring_slice_n=128), "power of two dividing block_size_n"),
     (dict(all_reduce_ring_slice_n=24), "power of two dividing block_size_n"),

@@ -13,6 +13,7 @@ gluon = pytest.importorskip("triton.experimental.gluon", reason="this Triton has
 from triton.experimental.gluon import language as gl  # noqa: E402
 
 import iris  # noqa: E402
+from iris.ccl import Config, GluonUnavailable  # noqa: E402
 from iris.gluon import IrisDeviceCtx  # noqa: E402
 
 BLOCK, N = 256, 1000  # four programs, the last one partly masked
@@ -98,15 +99,20 @@ CASES = [("all_gather", (37, 100), torch.float32, (8, 256)), ("all_gather", (64,
          ("all_to_all", (37, 96), torch.float32, (8, 256)), ("all_to_all", (64, 512), torch.int32, (32, 64))]
 
 
-def _collective_rank():
+def _collective_rank(through_ccl=False):
+    """CASES into poisoned heap outputs, twice, every element checked: iris.ccl.gluon's functions with an
+    Iris-style config object, or (through_ccl) ctx.ccl.all_gather / all_to_all with Config(use_gluon=True)."""
     from iris.ccl import gluon as ccl_gluon
     ctx = iris.iris(heap_size=1 << 26)
     fails = []
     try:
         r, w = ctx.get_rank(), ctx.get_num_ranks()
         for call, (M, cols), dtype, (block_m, block_n) in CASES:
-            config = types.SimpleNamespace(block_size_m=block_m, block_size_n=block_n, num_warps=4,
-                                           threads_per_warp=None, comm_sms=None)
+            if through_ccl:
+                config = Config(use_gluon=True, block_size_m=block_m, block_size_n=block_n, num_warps=4)
+            else:
+                config = types.SimpleNamespace(block_size_m=block_m, block_size_n=block_n, num_warps=4,
+                                               threads_per_warp=None, comm_sms=None)
             def base(q):
                 return (torch.arange(M * cols, dtype=torch.float64).view(M, cols) + 1000 * q + 1).to(dtype)
             inp = ctx.empty((M, cols), dtype=dtype)
@@ -120,7 +126,10 @@ def _collective_rank():
                 want = torch.cat([base(q)[:, r * n:(r + 1) * n] for q in range(w)], dim=1)
             ctx.barrier()
             for _ in range(2):  # the second call overwrites the first's output in place
-                getattr(ccl_gluon, call)(ctx, out, inp, config)
+                if through_ccl:
+                    getattr(ctx.ccl, call)(out, inp, config=config)
+                else:
+                    getattr(ccl_gluon, call)(ctx, out, inp, config)
             torch.cuda.synchronize()
             if not torch.equal(out.cpu(), want):
                 fails.append(f"rank {r} {call} {(M, cols)} {dtype}: {(out.cpu() != want).sum().item()} wrong elements")
@@ -145,6 +154,37 @@ def test_gluon_collectives(world):
     assert not fails, "\n".join(fails)
 
 
+@pytest.mark.gpu
+def test_gluon_collectives_through_ccl():
+    """Config(use_gluon=True) end to end: ctx.ccl.all_gather and all_to_all dispatch to the Gluon kernels
+    (2 ranks, on one GPU where there is one); the same cases and checks as above."""
+    fails = [f for r in iris.spawn(_collective_rank, 2, args=(True,), timeout=300) for f in r]
+    assert not fails, "\n".join(fails)
+
+
+def _use_gluon_rank():
+    ctx = iris.iris(heap_size=1 << 22)
+    try:
+        x, out = ctx.zeros(8), ctx.zeros(8 * ctx.get_num_ranks())
+        said = []
+        for call, o in (("all_gather", out), ("all_to_all", x)):
+            try:
+                getattr(ctx.ccl, call)(o, x, config=Config(use_gluon=True))
+                said.append(f"{call}: no error")
+            except GluonUnavailable as e:
+                said.append(str(e))
+        return said
+    finally:
+        ctx.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without a GPU")
+def test_use_gluon_without_gpu_raises():
+    """Config(use_gluon=True) on the host: ctx.ccl refuses with GluonUnavailable naming why and the fix."""
+    for said in iris.spawn(_use_gluon_rank, 1, timeout=120)[0]:
+        assert "Gluon kernels need a GPU" in said and "set use_gluon=False" in said, said
+
+
 def test_gluon_kernels_compile_for_sm90(tmp_path):
     """The Gluon kernels (IrisDeviceCtx's every method, both collectives) compile for sm_90 with the
     Triton installed here: Gluon's API differs between Triton versions. It compiles in a fresh process:
@@ -167,7 +207,7 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     if not os.path.exists(os.path.join(bindir, "ptxas")):
         pytest.skip(f"Triton's ptxas is not in {bindir}")
-    from iris.ccl.gluon import _all_gather_kernel, _all_to_all_kernel
+    from iris.ccl.gluon import _push_kernel
     os.environ.setdefault("TRITON_CACHE_DIR", str(tmp_path))
     target = GPUTarget("cuda", 90, 32)
     rma = GluonASTSource(_rma_kernel, {"IrisDeviceCtx": "constexpr", "context": "*i64", "src": "*i32", "seg": "*i32",
@@ -175,9 +215,9 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
                                       "BLOCK": "constexpr"}, {"IrisDeviceCtx": IrisDeviceCtx, "BLOCK": BLOCK})
     assert "ld.global" in triton.compile(rma, target=target, options={"num_warps": 4}).asm["ptx"]
     sig = {"IrisDeviceCtx": "constexpr", "context": "*i64", "inp": "*bf16", "out": "*bf16", "M": "i32", "N": "i32",
-           "s_im": "i32", "s_in": "i32", "s_om": "i32", "s_on": "i32", "BLOCK_M": "constexpr",
-           "BLOCK_N": "constexpr", "WARP": "constexpr", "WARPS": "constexpr", "PROGRAMS": "constexpr"}
-    for kernel in (_all_gather_kernel, _all_to_all_kernel):
-        src = GluonASTSource(kernel, sig, {"IrisDeviceCtx": IrisDeviceCtx, "BLOCK_M": 8, "BLOCK_N": 256, "WARP": 32,
-                                           "WARPS": 4, "PROGRAMS": 132})
-        assert "st.global" in triton.compile(src, target=target, options={"num_warps": 4}).asm["ptx"]
+           "s_im": "i32", "s_in": "i32", "s_om": "i32", "s_on": "i32", "peer_in": "i32", "me_out": "i32",
+           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "WARP": "constexpr", "WARPS": "constexpr",
+           "PROGRAMS": "constexpr"}
+    src = GluonASTSource(_push_kernel, sig, {"IrisDeviceCtx": IrisDeviceCtx, "BLOCK_M": 8, "BLOCK_N": 256, "WARP": 32,
+                                             "WARPS": 4, "PROGRAMS": 132})
+    assert "st.global" in triton.compile(src, target=target, options={"num_warps": 4}).asm["ptx"]

@@ -79,12 +79,16 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
                     mine[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = True
                 got = torch.where(mine, out.float().cpu(), want)
                 errors.append(_close(f"matmul_reduce_scatter (tiles) {cfg} call {call}", got, want, dtype, scale))
-        # matmul_all_gather: A row-sharded, output on the heap
-        ins = _inputs(w, [(m, K)], dtype, seed + 13)
+        # matmul_all_gather: A row-sharded, output on the heap; then with each rank's own bias (m values)
+        ins = _inputs(w, [(m, K), (m,)], dtype, seed + 13)
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
         out = ctx.full((w * m, N), float("nan"), dtype=dtype)
         ctx.ops.matmul_all_gather(out, ins[r][0].to(dev), Bg.to(dev), config=config)
         errors.append(_close(f"matmul_all_gather call {call}", out, want, dtype))
+        want += torch.cat([x[1].float() for x in ins])[:, None]
+        out.fill_(float("nan"))
+        iris.ops.matmul_all_gather(ctx, out, ins[r][0].to(dev), Bg.to(dev), bias=ins[r][1].to(dev), config=config)
+        errors.append(_close(f"matmul_all_gather bias call {call}", out, want, dtype))
     ctx.barrier()
     ctx.close()
     return [e for e in errors if e]
@@ -106,8 +110,8 @@ def _bad_shapes(ctx):
             all_reduce_variant="ring")), torch.empty(8, 5, device=dev).half(), A, B),
         ("workspace was built for", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, workspace=other_ws),
          torch.empty(8, 5, device=dev).half(), A, B),
-        ("not offered", lambda o, a, b: ctx.ops.matmul_all_gather(o, a, b, bias=torch.zeros(8 * w, device=dev)),
-         heap_out, A, B),
+        ("bias must be a 1-D float tensor of A_local's 8 rows", lambda o, a, b: ctx.ops.matmul_all_gather(
+            o, a, b, bias=torch.zeros(8 * w, device=dev)), heap_out, A, B),
         (f"do not split over {w}", ctx.ops.matmul_reduce_scatter, torch.empty(3, 5, device=dev).half(), A[:7], B),
         ("heap tensor", ctx.ops.matmul_all_gather, torch.empty(8 * w, 5, device=dev).half(), A, B),
         ("share a dtype", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).half(), A, B.bfloat16()),
@@ -175,18 +179,20 @@ def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     a_cols, b_rows = torch.empty(M, k, dtype=dtype, device=dev), torch.empty(k, N, dtype=dtype, device=dev)
     outs = {"ag": torch.empty(w * m, N, dtype=dtype, device=dev), "ar": torch.empty(M, N, dtype=dtype, device=dev),
             "rs": torch.empty(m, N, dtype=dtype, device=dev), "mag": ctx.empty((w * m, N), dtype=dtype)}
+    bias = torch.empty(m, dtype=dtype, device=dev)  # matmul_all_gather's, this rank's rows
     errors = []
     for rep in range(reps):
-        ins = _inputs(w, [(m, K)], dtype, 100 + rep)
+        ins = _inputs(w, [(m, K), (m,)], dtype, 100 + rep)
         Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(200 + rep)).to(dtype)
-        a_rows.copy_(ins[r][0]), b_full.copy_(Bg)
+        a_rows.copy_(ins[r][0]), b_full.copy_(Bg), bias.copy_(ins[r][1])
         for o in outs.values():
             o.fill_(float("nan"))
         ctx.ops.all_gather_matmul(outs["ag"], a_rows, b_full, config=config)
-        ctx.ops.matmul_all_gather(outs["mag"], a_rows, b_full)
+        ctx.ops.matmul_all_gather(outs["mag"], a_rows, b_full, bias=bias)
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
         errors.append(_close(f"all_gather_matmul rep {rep}", outs["ag"], want, dtype))
-        errors.append(_close(f"matmul_all_gather rep {rep}", outs["mag"], want, dtype))
+        want += torch.cat([x[1].float() for x in ins])[:, None]
+        errors.append(_close(f"matmul_all_gather (bias) rep {rep}", outs["mag"], want, dtype))
         ins = _inputs(w, [(M, k), (k, N)], dtype, 300 + rep)
         a_cols.copy_(ins[r][0]), b_rows.copy_(ins[r][1])
         ctx.ops.matmul_all_reduce(outs["ar"], a_cols, b_rows, config=config)
@@ -198,6 +204,38 @@ def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     ctx.barrier()
     ctx.close()
     return [e for e in errors if e]
+
+
+def rank_mag_bias(dtype, M, N, K, reps):
+    """matmul_all_gather with and without each rank's bias at GPU tiles, the same tensors called again
+    and again with new data (eager calls replay a captured graph from the third on)."""
+    ctx = iris.iris(heap_size=1 << 28)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    m = M // w
+    a, b, bias = (torch.empty(s, dtype=dtype, device=dev) for s in ((m, K), (K, N), (m,)))
+    out, errors = ctx.empty((w * m, N), dtype=dtype), []
+    for rep in range(reps):
+        ins = _inputs(w, [(m, K), (m,)], dtype, 500 + rep)
+        Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(600 + rep)).to(dtype)
+        a.copy_(ins[r][0]), b.copy_(Bg), bias.copy_(ins[r][1])
+        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        for with_bias in (False, True):
+            out.fill_(float("nan"))
+            ctx.ops.matmul_all_gather(out, a, b, bias=bias if with_bias else None)
+            if with_bias:
+                want += torch.cat([x[1].float() for x in ins])[:, None]
+            errors.append(_close(f"matmul_all_gather bias={with_bias} rep {rep}", out, want, dtype))
+    ctx.barrier()
+    ctx.close()
+    return [e for e in errors if e]
+
+
+@pytest.mark.gpu
+def test_matmul_all_gather_bias_gpu():
+    """Iris's bias in matmul_all_gather on the GPU tiles (TMA), odd sizes, 2 ranks, repeated calls."""
+    out = iris.spawn(rank_mag_bias, 2, args=(torch.bfloat16, 2 * 300, 1000, 776, 4))
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"
 
 
 @pytest.mark.gpu

@@ -25,7 +25,8 @@ from .launch import Launcher
 from .config import Config, ConfigError, ReduceOp
 from .group_kernel import group_kernel
 from .kernels import pull_kernel, push_kernel, two_shot_kernel
-from .variants import accumulate_kernel, gather_push_kernel, ring_kernel, tile_reduce_scatter_kernel
+from .variants import (accumulate_kernel, gather_push_kernel, ring_gather_kernel, ring_kernel,
+                       ring_reduce_scatter_kernel, tile_reduce_scatter_kernel)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 _NAMES = {"ar": "all_reduce", "ag": "all_gather", "rs": "reduce_scatter", "rst": "reduce_scatter", "a2a": "all_to_all",
@@ -179,30 +180,43 @@ class CCL:
         else:
             plan(out, inp)
 
-    def all_gather(self, out, inp, group=None, async_op=False, config=None):
+    def all_gather_preamble(self, out, inp, config=None):
+        """Builds (collectively) what all_gather(out, inp, config=config) needs, so the first real call
+        can be captured in a CUDA graph. Returns the plan (None with use_gluon, which has none);
+        passing it back as workspace= is optional. Collective: all ranks, same order, same sizes."""
+        cfg = self._config(config)
+        if cfg.use_gluon:
+            return None
+        return self._plan_for("ag", out, inp, cfg, self._gathered(inp, self.ctx.world))
+
+    def all_gather(self, out, inp, group=None, async_op=False, config=None, workspace=None):
         """out (world*M, N) = every rank's inp (M, N), rank r's at rows [r*M, (r+1)*M); over a group,
         world is the group's size and r a rank's position in it (torch's layout).
         Config.all_gather_variant: "pull" (the default: each rank stages its inp, then reads every
         peer's), "persistent" (each program stores its range of inp into every rank), "partitioned"
-        (the programs are split evenly by destination rank; comm_sms a multiple of world); with
-        use_gluon=True, iris.ccl.gluon's kernel. Collective: all ranks (of the group), same order,
-        same sizes."""
+        (the programs are split evenly by destination rank; comm_sms a multiple of world), "ring"
+        (world - 1 hops around rank -> rank + 1, each passing one chunk on); with use_gluon=True,
+        iris.ccl.gluon's kernel. workspace= is accepted for Iris compatibility (plans are found by
+        shape). Collective: all ranks (of the group), same order, same sizes."""
         cfg = self._config(config)
         if cfg.use_gluon:
             self._gluon("all_gather", out, inp, cfg)
             return
         ranks, w = self._group(group, "all_gather")
-        self._run("ag", out, inp, ranks, cfg, (w * inp.shape[0],) + tuple(inp.shape[1:]) if inp.dim() else None)
+        self._run("ag", out, inp, ranks, cfg, self._gathered(inp, w))
 
-    def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None):
+    def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
         """Two layouts. torch's reduce_scatter_tensor: out (M, N) on rank r = rows [r*M, (r+1)*M) of inp
         (world*M, N) reduced over all ranks (over a group, world is its size and r a rank's position in
         it). Iris's: out shaped as inp (M, N), 2-D, every rank: rank r's tiles of out (block_size_m x
         block_size_n tiles in Iris's order, swizzle_size tile rows per group, dealt to the ranks by
         Config.all_reduce_distribution: 0 round robin, 1 a contiguous run each) get those tiles of inp
-        reduced over all ranks; out's other elements are left as they were. Config.reduce_scatter_variant
-        "two_shot" (the only one, as Iris's): each rank stages its input, then reduces its own part by
-        reading it from every peer. Collective: all ranks (of the group), same order, same sizes."""
+        reduced over all ranks; out's other elements are left as they were. Config.reduce_scatter_variant:
+        "two_shot" (each rank stages its input, then reduces its own part by reading it from every
+        peer) or "ring_chunked" (each part travels the ring rank -> rank + 1, every rank adding its
+        input, and ends at its owner; either layout, whole job only). workspace= is accepted for Iris
+        compatibility (plans are found by shape). Collective: all ranks (of the group), same order,
+        same sizes."""
         cfg = self._config(config)
         op = ReduceOp.SUM if op is None else op
         if cfg.use_gluon:
@@ -298,20 +312,43 @@ class CCL:
         from .rooted import gather
         gather(self, out, inp, dst, group, config)
 
-    def send(self, tensor, dst, group=None, tag=0, config=None):
-        """Stores tensor into the copy of it on the rank at group position dst, which must call
-        recv(tensor, src=<this rank's position>) as its matching call. tensor: a heap tensor, the same
-        allocation on both ranks. Pairs by call order, not tag (accepted for Iris). Collective over the
-        pair: this rank and dst, same order, same sizes."""
-        from .p2p import send
-        send(self, tensor, dst, group, config)
+    def init_p2p(self, max_numel=2 ** 20, dtype=None, config=None):
+        """A mailbox (iris.ccl.p2p.P2PState) for send/recv/isend/irecv(p2p_state=) of any tensors up to
+        max_numel elements of dtype (default bfloat16). Collective: all ranks, same order, same sizes."""
+        from .p2p import init_p2p
+        return init_p2p(self.ctx, max_numel, dtype, config)
 
-    def recv(self, tensor, src, group=None, tag=0, config=None):
-        """Receives into tensor (a heap tensor, the same allocation on both ranks) what the rank at group
-        position src sends with its matching send(tensor, dst=<this rank's position>). Collective over
-        the pair: this rank and src, same order, same sizes."""
+    def send(self, tensor, dst, group=None, tag=0, config=None, p2p_state=None):
+        """Sends tensor to the rank at group position dst, which must call recv(..., src=<this rank's
+        position>) as its matching call. Without p2p_state, tensor is a heap tensor (the same allocation
+        on both ranks) stored into dst's copy; with a mailbox from init_p2p, any tensor. Pairs by call
+        order; tag is accepted for Iris and not used. Collective over the pair: this rank and dst, same
+        order, same sizes."""
+        from .p2p import send
+        send(self.ctx, tensor, dst, p2p_state, group, tag, config)
+
+    def recv(self, tensor, src, group=None, tag=0, config=None, p2p_state=None):
+        """Receives into tensor what the rank at group position src sends with its matching send:
+        tensor a heap tensor (the same allocation on both ranks), or with p2p_state any tensor.
+        Collective over the pair: this rank and src, same order, same sizes."""
         from .p2p import recv
-        recv(self, tensor, src, group, config)
+        recv(self.ctx, tensor, src, p2p_state, group, tag, config)
+
+    def isend(self, tensor, dst, group=None, tag=0, config=None, p2p_state=None):
+        """send, returning a work whose wait() blocks the host until it is done. Collective over the pair."""
+        from .p2p import isend
+        return isend(self.ctx, tensor, dst, p2p_state, group, tag, config)
+
+    def irecv(self, tensor, src, group=None, tag=0, config=None, p2p_state=None):
+        """recv, returning a work whose wait() blocks the host until it is done. Collective over the pair."""
+        from .p2p import irecv
+        return irecv(self.ctx, tensor, src, p2p_state, group, tag, config)
+
+    def batch_isend_irecv(self, p2p_op_list, p2p_state=None):
+        """Every iris.ccl.p2p.P2POp's send, then every recv, each in list order (Iris's order); one work
+        each. Collective over each transfer's pair, as send and recv."""
+        from .p2p import batch_isend_irecv
+        return batch_isend_irecv(self.ctx, p2p_op_list, p2p_state)
 
     def sendrecv(self, send_tensor, recv_tensor, dst, src, group=None, tag=0, config=None):
         """Sends send_tensor (any tensor) into recv_tensor (a heap tensor, the same allocation on every
@@ -319,14 +356,14 @@ class CCL:
         recv_tensor. Every rank named as a dst or src makes its own sendrecv (a ring or any
         permutation). Collective over those ranks: same order, same sizes."""
         from .p2p import sendrecv
-        sendrecv(self, send_tensor, recv_tensor, dst, src, group, config)
+        sendrecv(self.ctx, send_tensor, recv_tensor, dst, src, group, tag, config)
 
     def barrier(self, group=None):
         """Every rank of group (None: all) waits on the device until all reached it, in stream order:
         no host round trip, capturable in a CUDA graph. Collective: all ranks (of the group), same
         order."""
         from .p2p import barrier
-        barrier(self, group)
+        barrier(self.ctx, group)
 
     # -- plans -------------------------------------------------------------
     def _config(self, config) -> Config:
@@ -355,23 +392,37 @@ class CCL:
         if ranks is not None:
             self._run_group(mode, out, inp, ranks, cfg, want, op, src)
             return
-        key = (mode, op, inp.shape, out.shape, inp.dtype, cfg.key(), src)
-        plan = self.plans.get(key)
-        if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
-            self._check(mode, out, inp, want)
-            cfg.validate(self.ctx.world)
-            if mode == "ag" and cfg.all_gather_variant != "pull":
-                plan = self._plan_gather_push(out, inp, cfg)
-            elif mode == "rst":
-                plan = self._plan_tile_reduce_scatter(out, inp, op, cfg)
-            else:
-                plan = self._plan_pull(mode, out, inp, op, cfg, src)
-            self.plans[key] = plan
+        plan = self._plan_for(mode, out, inp, cfg, want, op, src)
         self._check_layout(out, inp)
         if plan.per_call:
             plan(out, inp, (self._on_heap(out),))
         else:
             plan(out, inp)
+
+    def _plan_for(self, mode, out, inp, cfg, want, op=ReduceOp.SUM, src=0):
+        """The whole-job plan of this call, built (collectively, checked first) the first time."""
+        key = (mode, op, inp.shape, out.shape, inp.dtype, cfg.key(), src)
+        plan = self.plans.get(key)
+        if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
+            self._check(mode, out, inp, want)
+            cfg.validate(self.ctx.world)
+            if mode == "ag" and cfg.all_gather_variant == "ring":
+                plan = self._plan_ring_gather(out, inp, cfg)
+            elif mode == "ag" and cfg.all_gather_variant != "pull":
+                plan = self._plan_gather_push(out, inp, cfg)
+            elif mode in ("rs", "rst") and cfg.reduce_scatter_variant == "ring_chunked":
+                plan = self._plan_ring_reduce_scatter(out, inp, op, cfg, mode == "rst")
+            elif mode == "rst":
+                plan = self._plan_tile_reduce_scatter(out, inp, op, cfg)
+            else:
+                plan = self._plan_pull(mode, out, inp, op, cfg, src)
+            self.plans[key] = plan
+        return plan
+
+    @staticmethod
+    def _gathered(inp, w):
+        """all_gather's out shape for inp over w ranks (None for a 0-d inp, which _check refuses)."""
+        return (w * inp.shape[0],) + tuple(inp.shape[1:]) if inp.dim() else None
 
     def _run_group(self, mode, out, inp, ranks, cfg, want, op=ReduceOp.SUM, src=0):
         key = ("group", mode, ranks, op, inp.shape, out.shape, inp.dtype, cfg.key(), src)
@@ -569,6 +620,43 @@ class CCL:
                      cfg.all_gather_variant, ("OUT_HEAP",), inp=inp, out=out, stage=stage, flags=flags,
                      counters=counters, heap_bases=ctx.get_heap_bases(), n=n, per=per, rank=ctx.rank, WORLD=w,
                      PEERS=_pow2(w), BLOCK=block, SPIN=cfg.spin_limit, OUT_HEAP=False, PARTITIONED=parted)
+
+    def _plan_ring_gather(self, out, inp, cfg):
+        """all_gather ring: a slot of inp's size and a 0/1 flag per program on every rank."""
+        self._ready()
+        ctx, n = self.ctx, inp.numel()
+        block = self._block(cfg, inp)
+        programs = max(1, min(cfg.comm_sms, -(-n // block)))
+        slot = ctx.empty(round_up(n, 16), dtype=inp.dtype)
+        flags = ctx.zeros(programs, dtype=torch.int64)
+        ctx.barrier()  # every rank's flags are zero before any rank hands over into them
+        return _Plan(ring_gather_kernel, (programs,), self._options(cfg, 8), (slot, flags), "ring", inp=inp,
+                     out=out, slot=slot, flags=flags, heap_bases=ctx.get_heap_bases(), n=n, rank=ctx.rank,
+                     WORLD=ctx.world, BLOCK=block, SPIN=cfg.spin_limit)
+
+    def _plan_ring_reduce_scatter(self, out, inp, op, cfg, tiled):
+        """reduce_scatter ring_chunked: units of a rank's part (Iris's tiles of its share, or blocks of
+        its rows), a slot of one part (fp32 for floats) and a 0/1 flag per program on every rank, and a
+        local buffer of partials for more than two ranks."""
+        self._ready()
+        ctx, w, n = self.ctx, self.ctx.world, out.numel()
+        if tiled:
+            (m, cols), bm, bn, group = inp.shape, cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size
+            tiles = -(-m // bm) * -(-cols // bn)
+            units = -(-tiles // w)
+        else:
+            m, cols, bm, bn, group = 1, n, 1, self._block(cfg, inp), 1
+            tiles = units = -(-n // bn)
+        programs = max(1, min(cfg.comm_sms, units))
+        acc = torch.float32 if inp.dtype.is_floating_point else inp.dtype
+        slot = ctx.empty(units * bm * bn, dtype=acc)
+        part = torch.empty(units * bm * bn if w > 2 else 1, dtype=acc, device=ctx.device)
+        flags = ctx.zeros(programs, dtype=torch.int64)
+        ctx.barrier()  # every rank's flags are zero before any rank hands over into them
+        return _Plan(ring_reduce_scatter_kernel, (programs,), self._options(cfg, 8), (slot, flags), "ring_chunked",
+                     inp=inp, out=out, slot=slot, part=part, flags=flags, heap_bases=ctx.get_heap_bases(), n=n, M=m,
+                     N=cols, tiles=tiles, units=units, rank=ctx.rank, WORLD=w, BM=bm, BN=bn, GROUP_M=group,
+                     DIST=cfg.all_reduce_distribution, TILED=tiled, OP=op.value, SPIN=cfg.spin_limit)
 
     def _plan_tile_reduce_scatter(self, out, inp, op, cfg):
         """reduce_scatter in Iris's layout: Iris's tiles, a stage of inp in two copies (by epoch parity)."""

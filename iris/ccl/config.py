@@ -9,9 +9,9 @@ from enum import Enum
 from ..errors import IrisError
 
 ALL_REDUCE = ("auto", "atomic", "ring", "two_shot", "one_shot", "spinlock", "one_shot_push", "two_shot_push")
-ALL_GATHER = ("pull", "persistent", "partitioned", "tdm")
+ALL_GATHER = ("pull", "persistent", "partitioned", "ring", "tdm")
 ALL_TO_ALL = ("default", "tdm")
-REDUCE_SCATTER = ("two_shot",)
+REDUCE_SCATTER = ("two_shot", "ring_chunked")
 GLUON_ONLY = "tdm"
 
 

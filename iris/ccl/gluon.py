@@ -30,33 +30,23 @@ def _tile(tile, tiles_n, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, lay
 
 
 @gluon.jit
-def _all_gather_kernel(IrisDeviceCtx: gl.constexpr, context, inp, out, M, N, s_im, s_in, s_om, s_on,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARP: gl.constexpr, WARPS: gl.constexpr,
-                       PROGRAMS: gl.constexpr):
+def _push_kernel(IrisDeviceCtx: gl.constexpr, context, inp, out, M, N, s_im, s_in, s_om, s_on, peer_in, me_out,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARP: gl.constexpr, WARPS: gl.constexpr,
+                 PROGRAMS: gl.constexpr):
+    """Every peer q gets tile by tile the (M, N) block of inp at element q * peer_in, stored into its out
+    at element rank * me_out: all_gather (peer_in 0: the same block for every peer; me_out this rank's
+    rows) and all_to_all (peer_in, me_out: one column block). Peers in order from this rank, so the
+    ranks' stores spread over targets."""
     ctx = IrisDeviceCtx.initialize(context)
     layout: gl.constexpr = gl.BlockedLayout([BLOCK_M * BLOCK_N // (WARP * WARPS)], [WARP], [WARPS], [0])
     tiles_n = gl.cdiv(N, BLOCK_N)
     for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * tiles_n, PROGRAMS):
         row, col, mask = _tile(tile, tiles_n, M, N, BLOCK_M, BLOCK_N, layout)
-        data = gl.load(inp + row * s_im + col * s_in, mask=mask)
-        dst = out + (ctx.cur_rank * M + row) * s_om + col * s_on
-        for i in range(ctx.num_ranks):  # starting at the next rank: the ranks' stores spread over targets
-            ctx.store(dst, data, (ctx.cur_rank + i) % ctx.num_ranks, mask=mask)
-
-
-@gluon.jit
-def _all_to_all_kernel(IrisDeviceCtx: gl.constexpr, context, inp, out, M, N, s_im, s_in, s_om, s_on,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARP: gl.constexpr, WARPS: gl.constexpr,
-                       PROGRAMS: gl.constexpr):
-    ctx = IrisDeviceCtx.initialize(context)
-    layout: gl.constexpr = gl.BlockedLayout([BLOCK_M * BLOCK_N // (WARP * WARPS)], [WARP], [WARPS], [0])
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    for tile in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * tiles_n, PROGRAMS):
-        row, col, mask = _tile(tile, tiles_n, M, N, BLOCK_M, BLOCK_N, layout)
+        src = inp + row * s_im + col * s_in
+        dst = out + ctx.cur_rank * me_out + row * s_om + col * s_on
         for i in range(ctx.num_ranks):
             peer = (ctx.cur_rank + i) % ctx.num_ranks
-            data = gl.load(inp + row * s_im + (peer * N + col) * s_in, mask=mask)
-            ctx.store(out + row * s_om + (ctx.cur_rank * N + col) * s_on, data, peer, mask=mask)
+            ctx.store(dst, gl.load(src + peer * peer_in, mask=mask), peer, mask=mask)
 
 
 def _launch_shape(ctx, config, M: int, N: int) -> tuple:
@@ -92,11 +82,12 @@ def _check(call: str, ctx, out, inp, want: tuple) -> None:
         raise CollectiveError(f"{call}(use_gluon=True): inp and out must be on {ctx.device}")
 
 
-def _run(kernel, ctx, out, inp, M: int, N: int, config) -> None:
+def _run(ctx, out, inp, M: int, N: int, peer_in: int, me_out: int, config) -> None:
     block_m, block_n, warps, programs = _launch_shape(ctx, config, M, N)
     ctx.device_barrier()
-    kernel[(programs,)](IrisDeviceCtx, ctx.get_device_context(), inp, out, M, N, inp.stride(0), inp.stride(1),
-                        out.stride(0), out.stride(1), block_m, block_n, _WARP, warps, programs, num_warps=warps)
+    _push_kernel[(programs,)](IrisDeviceCtx, ctx.get_device_context(), inp, out, M, N, inp.stride(0), inp.stride(1),
+                              out.stride(0), out.stride(1), peer_in, me_out, block_m, block_n, _WARP, warps, programs,
+                              num_warps=warps)
     ctx.device_barrier()
 
 
@@ -105,7 +96,7 @@ def all_gather(ctx, out, inp, config=None) -> None:
     ranks, same order, same sizes."""
     M, N = (inp.shape[0], inp.shape[1]) if inp.dim() == 2 else (0, 0)
     _check("all_gather", ctx, out, inp, (ctx.get_num_ranks() * M, N))
-    _run(_all_gather_kernel, ctx, out, inp, M, N, config)
+    _run(ctx, out, inp, M, N, 0, M * out.stride(0), config)
 
 
 def all_to_all(ctx, out, inp, config=None) -> None:
@@ -116,4 +107,5 @@ def all_to_all(ctx, out, inp, config=None) -> None:
     if inp.shape[1] % world:
         raise CollectiveError(f"all_to_all(use_gluon=True): inp's {inp.shape[1]} columns are not N*world for "
                               f"{world} ranks; pad them to a multiple of {world}")
-    _run(_all_to_all_kernel, ctx, out, inp, inp.shape[0], inp.shape[1] // world, config)
+    n = inp.shape[1] // world
+    _run(ctx, out, inp, inp.shape[0], n, n * inp.stride(1), n * out.stride(1), config)

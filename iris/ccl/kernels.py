@@ -32,20 +32,19 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
 
 
 @triton.jit
-def _await(slots, live, target, mark, SPIN: tl.constexpr):
+def _await(slots, live, target, mark, SPIN: tl.constexpr, EXACT: tl.constexpr = False):
     """Polls the live slots (int64 pointers, acquire, sys) until each reaches target (a scalar or one per
-    slot). SPIN: 0 waits for ever; else the most polls before giving up, which writes -1 into *mark so
-    the host can tell (Config.spin_limit)."""
+    slot; EXACT: until each holds it, for 0/1 hand-over flags). SPIN: 0 waits for ever; else the most
+    polls before giving up, which writes -1 into *mark so the host can tell (Config.spin_limit)."""
     pending = 1
-    if SPIN == 0:
-        while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
-            seen = tl.atomic_add(slots, 0, mask=live, sem="acquire", scope="sys")
+    polls = 0
+    while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
+        seen = tl.atomic_add(slots, 0, mask=live, sem="acquire", scope="sys")
+        if EXACT:
+            pending = tl.sum((live & (seen != target)).to(tl.int32), axis=0)
+        else:
             pending = tl.sum((live & (seen < target)).to(tl.int32), axis=0)
-    else:
-        polls = 0
-        while pending > 0:
-            seen = tl.atomic_add(slots, 0, mask=live, sem="acquire", scope="sys")
-            pending = tl.sum((live & (seen < target)).to(tl.int32), axis=0)
+        if SPIN != 0:
             polls += 1
             if polls >= SPIN:
                 if pending > 0:

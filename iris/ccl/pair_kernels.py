@@ -1,5 +1,6 @@
 """Kernels that meet only the ranks they exchange data with: the rooted collectives (reduce, scatter,
-gather), point-to-point transfers and the barrier over a subset of the ranks.
+gather), point-to-point transfers and the barrier over a subset of the ranks; and the mailbox
+transfer of send/recv(p2p_state=), which meets no one (see mailbox_kernel).
 
 They synchronise as group_kernel.py does, through the pairwise counters in iris's reserve
 (counters[p][s] on rank r: signals program p of rank s sent to program p of r) and this rank's seen
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .group_kernel import _meet
-from .kernels import _reduce_ranks
+from .kernels import _await, _peer_offset, _reduce_ranks
 
 # ranks as plain arguments: one compiled kernel serves every rank and root (Triton would compile an int
 # argument equal to 1 in as a constant, a second kernel for rank 1)
@@ -118,3 +119,43 @@ def barrier_kernel(members, counters, seen, me, rank, world, GROUP: tl.constexpr
     count = tl.load(seen + peer, mask=live, other=0)
     _meet(counters, peer, delta, live, count + 1, mark, rank, SPIN)
     tl.store(seen + peer, count + 1, mask=live)
+
+
+@triton.jit(do_not_specialize=["rank", "peer"])
+def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer, world, SEND: tl.constexpr,
+                   BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """One message of the mailbox form of send/recv (iris.ccl.p2p.P2PState), program p moving elements
+    [p * per, (p + 1) * per) of n. SEND: once program p of `peer` has acknowledged this rank's previous
+    message, stores src (this rank's memory) into dst, this rank's slot of peer's mailbox (an address
+    in this rank's view of the heap), then counts the message in peer's sent[p][rank]. Else: waits
+    until this rank's sent[p][peer] counts the next message from peer, copies src (peer's slot of this
+    rank's mailbox) into dst (any contiguous memory), then acknowledges it in peer's acked[p][rank].
+    A send waits for the slot to be free, never for the receiver's call: sends listed before receives
+    (batch_isend_irecv) cannot wait on each other. sent, acked: (programs, world) int64 on the heap;
+    counts[p][peer]: messages this rank sent to (SEND) or received from peer, in this rank's device
+    memory and advanced by the kernel, so CUDA graph replays advance it too. SPIN: Config.spin_limit,
+    giving up marks counts[p][rank] (a slot no peer uses) with -1."""
+    VEC: tl.constexpr = 16 // (dst.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    mine = tl.load(heap_bases + rank)
+    delta = (tl.load(heap_bases + peer) - mine) // 8
+    count = counts + pid * world + peer
+    e = tl.load(count) + 1
+    one = tl.zeros([1], tl.int32)
+    if SEND:
+        _await(acked + pid * world + peer + one, one == 0, e - 1, counts + pid * world + rank, SPIN)
+        dst += _peer_offset(heap_bases, peer, mine, VEC)
+    else:
+        _await(sent + pid * world + peer + one, one == 0, e, counts + pid * world + rank, SPIN)
+    tl.debug_barrier()
+    lo = pid * per
+    hi = tl.minimum(lo + per, n)
+    for s in range(lo, hi, BLOCK):
+        o = s + tl.arange(0, BLOCK)
+        tl.store(dst + o, tl.load(src + o, mask=o < n, volatile=True), mask=o < n)  # a peer's stores, on recv
+    tl.debug_barrier()
+    if SEND:
+        tl.atomic_add(sent + pid * world + rank + delta, 1, sem="release", scope="sys")
+    else:
+        tl.atomic_add(acked + pid * world + rank + delta, 1, sem="release", scope="sys")
+    tl.store(count, e)

@@ -1,11 +1,12 @@
 """Kernels of the all_reduce variants that accumulate into one buffer on every rank (atomic: remote
 atomic adds; spinlock: a lock per block around a remote read-modify-write), the ring all_reduce,
 the push all_gather (persistent: each program stores its range into every rank; partitioned: the
-programs are split by destination rank), and the reduce_scatter of Iris's layout (out shaped as
-inp, each rank's tiles reduced).
+programs are split by destination rank), the reduce_scatter of Iris's layout (out shaped as inp,
+each rank's tiles reduced), and the ring all_gather and ring reduce_scatter (ring_chunked; both
+layouts).
 
 The same flag discipline as kernels.py: per-program epochs on the device, flags that only grow (the
-ring's 0/1 handshake returns to 0 by itself), and a program waits only for the program of the same
+rings' 0/1 hand-overs return to 0 by themselves), and a program waits only for the program of the same
 index on other ranks, so the interpreter, which runs a launch's programs one after another, works
 too. Interpreter atomics are not atomic across processes, so under it (TURNS) the ranks take turns
 to accumulate; on a GPU they race for real.
@@ -31,18 +32,19 @@ def _signal_wait(row, epoch, rank, heap_bases, to, frm, PEERS: tl.constexpr, SPI
 
 
 @triton.jit
-def _until(flag, value, mark, SPIN: tl.constexpr):
-    """Polls the int64 *flag (acquire, sys) until it holds value; SPIN as _await's, marking *mark."""
-    pending = 1
-    polls = 0
-    while pending > 0:
-        pending = (tl.atomic_add(flag, 0, sem="acquire", scope="sys") != value).to(tl.int32)
-        if SPIN != 0:
-            polls += 1
-            if polls >= SPIN:
-                if pending > 0:
-                    tl.store(mark, -1)
-                pending = 0
+def _open(flag, value, mark, SPIN: tl.constexpr):
+    """Waits until the int64 *flag holds value (acquire, sys; SPIN as _await's, marking *mark), then
+    orders the program's later accesses after it."""
+    one = tl.zeros([1], tl.int32)
+    _await(flag + one, one == 0, value, mark, SPIN, True)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _hand_over(flag, value):
+    """Orders the program's earlier accesses before it, then sets *flag to value (release, sys)."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag, value, sem="release", scope="sys")
 
 
 @triton.jit
@@ -105,21 +107,17 @@ def accumulate_kernel(inp, out, acc, locks, flags, counters, heap_bases, n, per,
 def _send(x, there, flag, mark, SPIN: tl.constexpr):
     """One ring hop out: waits until the successor emptied its slot (flag 0), stores x into it, sets
     its flag to 1 (release)."""
-    _until(flag, 0, mark, SPIN)
-    tl.debug_barrier()
+    _open(flag, 0, mark, SPIN)
     tl.store(there, x)
-    tl.debug_barrier()
-    tl.atomic_xchg(flag, 1, sem="release", scope="sys")
+    _hand_over(flag, 1)
 
 
 @triton.jit
 def _receive(here, flag, mark, SPIN: tl.constexpr):
     """One ring hop in: waits until the predecessor filled this rank's slot (flag 1), reads it, empties it."""
-    _until(flag, 1, mark, SPIN)
-    tl.debug_barrier()
+    _open(flag, 1, mark, SPIN)
     x = tl.load(here, volatile=True)
-    tl.debug_barrier()
-    tl.atomic_xchg(flag, 0, sem="release", scope="sys")
+    _hand_over(flag, 0)
     return x
 
 
@@ -305,3 +303,106 @@ def tile_reduce_scatter_kernel(inp, out, stage, flags, counters, heap_bases, M, 
                     y = y.to(tl.float32)
                 acc = _combine(acc, y, OP)
             tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ring_gather_kernel(inp, out, slot, flags, heap_bases, n, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                       SPIN: tl.constexpr):
+    """all_gather around the ring rank -> rank + 1: out (WORLD * n) gets rank q's inp (n) at q * n, in
+    WORLD - 1 hops. Program p moves blocks p, p + P, ... (BLOCK elements) of a chunk. Hop h stores
+    chunk rank - h (this rank's inp first, then what it received at hop h - 1, read back from out)
+    into the successor's slot (n elements on the heap) and sets the successor's 0/1 flag; then it
+    waits for its own flag, copies chunk rank - h - 1 from its slot into out and empties the slot.
+    One hand-over per hop and program whatever the size; the flags return to 0, so repeated calls
+    and graph replays need no epoch. out may be any tensor."""
+    VEC: tl.constexpr = 16 // (slot.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    mine = tl.load(heap_bases + rank)
+    nxt = (rank + 1) % WORLD
+    there = slot + _peer_offset(heap_bases, nxt, mine, VEC)
+    flag = flags + pid
+    next_flag = flag + _peer_offset(heap_bases, nxt, mine, 2)
+    ar = tl.arange(0, BLOCK)
+    for s in range(pid * BLOCK, n, step):
+        o = s + ar
+        tl.store(out + rank * n + o, tl.load(inp + o, mask=o < n), mask=o < n)
+    for h in tl.static_range(WORLD - 1):
+        c = (rank - h + WORLD) % WORLD
+        _open(next_flag, 0, flag, SPIN)
+        for s in range(pid * BLOCK, n, step):
+            o = s + ar
+            tl.store(there + o, tl.load(out + c * n + o, mask=o < n), mask=o < n)
+        _hand_over(next_flag, 1)
+        c = (c - 1 + WORLD) % WORLD
+        _open(flag, 1, flag, SPIN)
+        for s in range(pid * BLOCK, n, step):
+            o = s + ar
+            tl.store(out + c * n + o, tl.load(slot + o, mask=o < n, volatile=True), mask=o < n)
+        _hand_over(flag, 0)
+
+
+@triton.jit
+def _unit(k, x, n, M, N, tiles, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+          DIST: tl.constexpr, TILED: tl.constexpr):
+    """Unit k of chunk x of a reduce_scatter: (offsets in out, where the chunk starts in inp, mask).
+    TILED: the k-th tile of rank x's share of an (M, N) tensor (as tile_reduce_scatter_kernel's;
+    inp and out alike); else block k (BN elements, M = 1, N = n) of the n elements at x * n of inp."""
+    if TILED:
+        t = _tile_of(k, tiles, x, WORLD, DIST)
+        o, mask = _tile_offsets(tl.maximum(t, 0), M, N, BM, BN, GROUP_M)
+        return o, 0, mask & (o < tl.where(t >= 0, M * N, 0))  # past its share (t -1): nothing
+    o, mask = _tile_offsets(k, M, N, BM, BN, GROUP_M)
+    return o, x * n, mask
+
+
+@triton.jit
+def ring_reduce_scatter_kernel(inp, out, slot, part, flags, heap_bases, n, M, N, tiles, units, rank,
+                               WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+                               DIST: tl.constexpr, TILED: tl.constexpr, OP: tl.constexpr, SPIN: tl.constexpr):
+    """reduce_scatter around the ring rank -> rank + 1 (the first half of the ring all_reduce): chunk x
+    (rank x's part, `units` units of BM x BN, see _unit) starts at rank x + 1 as its input and
+    travels WORLD - 1 hops, each rank combining (OP) the partial it receives with its own input of
+    that chunk, and ends reduced at rank x, which writes it to out. Hop h sends chunk rank - h - 1
+    (inp at hop 0, then the partial kept in `part`, local memory) into the successor's slot and
+    sets its 0/1 flag; then it waits for its own flag and combines chunk rank - h - 2. Partials and
+    slots are fp32 for floats; every element of a chunk is combined in the same ring order, so the
+    result does not depend on timing. Program p moves units p, p + P, ...; one hand-over per hop
+    and program. TILED: Iris's layout (out shaped as inp, this rank's tiles written, the rest left
+    as it was); else torch's (out: n elements, rows [rank * n, (rank + 1) * n) of inp reduced)."""
+    VEC: tl.constexpr = 16 // (slot.dtype.element_ty.primitive_bitwidth // 8)
+    UNIT: tl.constexpr = BM * BN
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    mine = tl.load(heap_bases + rank)
+    nxt = (rank + 1) % WORLD
+    there = slot + _peer_offset(heap_bases, nxt, mine, VEC)
+    flag = flags + pid
+    next_flag = flag + _peer_offset(heap_bases, nxt, mine, 2)
+    blk = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    if WORLD == 1:
+        for k in range(pid, units, programs):
+            o, base, mask = _unit(k, rank, n, M, N, tiles, WORLD, BM, BN, GROUP_M, DIST, TILED)
+            tl.store(out + o, tl.load(inp + base + o, mask=mask), mask=mask)
+    for h in tl.static_range(WORLD - 1):
+        x = (rank - h - 1 + WORLD) % WORLD
+        _open(next_flag, 0, flag, SPIN)
+        for k in range(pid, units, programs):
+            if h == 0:
+                o, base, mask = _unit(k, x, n, M, N, tiles, WORLD, BM, BN, GROUP_M, DIST, TILED)
+                v = tl.load(inp + base + o, mask=mask).to(slot.dtype.element_ty)
+            else:
+                v = tl.load(part + k * UNIT + blk)
+            tl.store(there + k * UNIT + blk, v)
+        _hand_over(next_flag, 1)
+        x = (x - 1 + WORLD) % WORLD
+        _open(flag, 1, flag, SPIN)
+        for k in range(pid, units, programs):
+            o, base, mask = _unit(k, x, n, M, N, tiles, WORLD, BM, BN, GROUP_M, DIST, TILED)
+            acc = _combine(tl.load(slot + k * UNIT + blk, volatile=True),
+                           tl.load(inp + base + o, mask=mask).to(slot.dtype.element_ty), OP)
+            if h == WORLD - 2:
+                tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
+            else:
+                tl.store(part + k * UNIT + blk, acc)
+        _hand_over(flag, 0)

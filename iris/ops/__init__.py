@@ -168,9 +168,10 @@ class OpsNamespace:
         return self._ws(kind, output, A, B, config, lambda: _tagged(make(), kind))
 
     def _call(self, kind, name, output, A, B, bias, config, workspace):
-        _check_bias(name, bias, output)
-        if bias is not None and kind == "mag":  # each rank's rows would carry its own bias, before they are sent
-            raise ValueError("matmul_all_gather: bias is not offered; add it to the output rows afterwards")
+        if kind == "mag":  # this rank's bias goes into its rows before they are sent (Iris's layout)
+            _mag.check(self._ctx, A, B, output, bias)
+        else:
+            _check_bias(name, bias, output)
         ws = (self._given(name, kind, output, A, B, config, workspace) if workspace is not None
               else self._preamble(kind, output, A, B, config))
         ctx, op = self._ctx, ws["op"]
@@ -183,7 +184,8 @@ class OpsNamespace:
         elif op == "ag":
             _agm.run(ctx, output, A, B, config, ws)
         elif op == "mag":
-            _mag.run(ctx, output, A, B, config, ws)
+            _mag.run(ctx, output, A, B, config, ws, bias)
+            return ws
         else:
             _mr.run(ctx, output, A, B, config, ws, scatter=op == "rs")
         if bias is not None:
@@ -236,8 +238,9 @@ class OpsNamespace:
 
     def matmul_all_gather(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, bias=None,
                           async_op: bool = False, config: Optional[FusedConfig] = None, workspace=None) -> dict:
-        """output (world*m x N, a heap tensor) = all_gather(A (m x K) @ B (K x N), rows) on every rank.
-        Collective: all ranks, same order, same sizes."""
+        """output (world*m x N, a heap tensor) = all_gather(A (m x K) @ B (K x N) + bias, rows) on every
+        rank; bias (optional): this rank's, m values, one per row of A, as Iris adds it (each rank's
+        rows carry its own). Collective: all ranks, same order, same sizes."""
         return self._call("mag", "matmul_all_gather", output, A, B, bias, config, workspace)
 
 
@@ -276,7 +279,8 @@ def all_gather_matmul_preamble(shmem, A_sharded, B, config=None) -> dict:
 
 
 def matmul_all_gather(shmem, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None) -> dict:
-    """output = all_gather(A @ B, rows) on every rank. Collective: all ranks, same order, same sizes."""
+    """output = all_gather(A @ B + bias, rows) on every rank (bias: this rank's, per row of A). Collective:
+    all ranks, same order, same sizes."""
     return shmem.ops.matmul_all_gather(output_tensor, A, B, bias=bias, async_op=async_op, config=config,
                                        workspace=workspace)
 

@@ -16,7 +16,8 @@ import triton.language as tl
 from ..device import signal, store, wait
 from .config import FusedConfig
 from .epoch import _epoch, _finish
-from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, interpreted, launch, operand, tiles_for, tma_ok
+from .gemm import (_dot_tile, _tile_mn, _tile_ptrs, check_operands, interpreted, launch, operand, tile_args,
+                   tiles_for)
 
 
 @triton.jit
@@ -129,14 +130,10 @@ def _args(ctx, output, A, B, config, ws):
     t = ws["tiles"]
     (m, k), n = A.shape, B.shape[1]
     g = ws["gather"]
-    tma = tma_ok(A, B, g)
-    a, a_t = operand(A, (t.bm, t.bk), tma)
-    b, b_t = operand(B, (t.bk, t.bn), tma)
-    gd = operand(g, (t.bm, t.bk), tma)[0]
+    a, b, kw = tile_args(A, B, t, g)
+    gd = operand(g, (t.bm, t.bk), kw["TMA"])[0]
     pushers = (config.comm_sms if config and config.comm_sms else 1 if interpreted() else 8)
     grid = max(t.sms, pushers + 1)
     return ((grid,), (a, A, gd, g, b, output, ws["flags"], ws["ctl"], ctx.get_heap_bases(), ctx.rank, ctx.world, m, n,
                       k, A.stride(0), A.stride(1), B.stride(0), B.stride(1), output.stride(0), output.stride(1)),
-            dict(BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, NUM_SMS=grid, PUSHERS=pushers,
-                 PK=min(128, max(t.bk, 16)), TMA=tma, A_T=a_t, B_T=b_t, STAGES=t.stages, num_warps=t.warps,
-                 num_stages=t.stages))
+            dict(kw, NUM_SMS=grid, PUSHERS=pushers, PK=min(128, max(t.bk, 16))))

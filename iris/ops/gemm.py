@@ -128,6 +128,17 @@ def operand(t: torch.Tensor, block: tuple, tma: bool):
     return TensorDescriptor.from_tensor(t.t(), [block[1], block[0]]), True
 
 
+def tile_args(A: torch.Tensor, B: torch.Tensor, t: "Tiles", *more: torch.Tensor) -> tuple:
+    """(a, b, kw) for a fused kernel: A and B as it takes them (TMA descriptors where TMA can read A, B
+    and the tensors in more, else the tensors themselves) and t's tile constexprs and launch options
+    by name (launch() passes those the kernel has)."""
+    tma = tma_ok(A, B, *more)
+    a, a_t = operand(A, (t.bm, t.bk), tma)
+    b, b_t = operand(B, (t.bk, t.bn), tma)
+    return a, b, dict(BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, TMA=tma, A_T=a_t, B_T=b_t, STAGES=t.stages,
+                      num_warps=t.warps, num_stages=t.stages)
+
+
 def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..device import signal, store, wait
 from .epoch import _epoch, _finish
-from .gemm import _dot_tile, _tile_ptrs, interpreted, launch, operand, tiles_for, tma_ok
+from .gemm import _dot_tile, _tile_ptrs, interpreted, launch, tile_args, tiles_for
 
 
 @triton.jit
@@ -128,14 +128,9 @@ def run(ctx, output, A, B, ws) -> torch.Tensor:
 
 
 def _args(ctx, output, A, B, ws):
-    t = ws["tiles"]
     (m, k), n = A.shape, B.shape[1]
-    tma = tma_ok(A, B)
-    a, a_t = operand(A, (t.bm, t.bk), tma)
-    b, b_t = operand(B, (t.bk, t.bn), tma)
-    grid = 1 if interpreted() else t.sms
+    a, b, kw = tile_args(A, B, ws["tiles"])
+    grid = 1 if interpreted() else ws["tiles"].sms
     return ((grid,), (a, b, output, ws["slots"], ws["flags"], ws["gather"], ws["gflags"], ws["ctl"],
                       ctx.get_heap_bases(), ctx.rank, ctx.world, m, n, k, A.stride(0), A.stride(1), B.stride(0),
-                      B.stride(1), output.stride(0), output.stride(1)),
-            dict(BM=t.bm, BN=t.bn, BK=t.bk, NUM_SMS=grid, ALL=ws["all"], TMA=tma, A_T=a_t, B_T=b_t, STAGES=t.stages,
-                 num_warps=t.warps, num_stages=t.stages))
+                      B.stride(1), output.stride(0), output.stride(1)), dict(kw, NUM_SMS=grid, ALL=ws["all"]))
