@@ -88,3 +88,17 @@ def timed(dev, fn, reps: int, warmup: int = 2) -> list:
         fn()
         out.append(time.perf_counter() - t)
     return out
+
+
+def captured(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of fn, after one call on a side stream (compiles and allocates)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import init_torch_distributed, timed, write_result  # noqa: E402
+from common import captured, init_torch_distributed, timed, write_result  # noqa: E402
 
 import iris  # noqa: E402
 from iris.ops import FusedConfig, matmul  # noqa: E402
@@ -47,15 +47,7 @@ def graphed(dev, fn, reps):
     if dev.type != "cuda":
         return None
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return us(dev, g.replay, reps)
+        return us(dev, captured(fn).replay, reps)
     except Exception as e:  # noqa: BLE001 - recorded, not fatal
         return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
 

@@ -1,14 +1,16 @@
-"""Put and get to a peer reached directly (loads and stores through nvshmem_ptr's mapping) against the
-same peer reached indirectly (NVSHMEM's device API), from the same kernel in one run, with NVSHMEM's
-host-side stream put (putmem_on_stream) as the reference; writes every number and the ratios as JSON.
+"""What a put or get through iris costs to a direct peer in a job without indirect peers (plain), to a
+direct peer from a kernel of a job with one (mixed: the same kernel carries NVSHMEM's path), and to an
+indirect peer (NVSHMEM's device API), with NVSHMEM's host-side stream put (putmem_on_stream) as the
+reference; eager and in a CUDA graph; writes every number and the ratios as JSON.
 
-    IRIS_INDIRECT_PEERS=all python -m iris.run -n 2 benchmarks/indirect.py
-    python -m iris.run -n 2 benchmarks/indirect.py --out benchmarks/results/indirect-none-gpu-2ranks.json
+    python benchmarks/indirect.py [--max-mib 256] [--out PATH]
 
-With IRIS_INDIRECT_PEERS=all the heap's table has 0 for the peer (indirect) and the benchmark builds
-the direct table from nvshmem_ptr; without it the job has no indirect peer, and the JSON records what
-the kernel costs then (compile time, whether NVSHMEM is in its code, put times). Rank 0 puts to and
-gets from rank 1 (4 KiB to 256 MiB); times are medians of CUDA-event-timed launches.
+It runs two jobs of 2 ranks over allocator='nvshmem', one after the other: plain (no indirect peer),
+then mixed (IRIS_INDIRECT_PEERS=all: heap_bases has 0 for the peer, so iris reaches it through NVSHMEM;
+a second table built from nvshmem_ptr reaches the same peer by loads and stores from the same compiled
+kernel). Rank 0 puts to and gets from rank 1, 4 KiB to max-mib; eager: median of CUDA-event-timed
+launches; graph: median of replays of a graph of CALLS launches, per launch. Every element of a whole
+put and a whole get is checked through each table.
 """
 from __future__ import annotations
 
@@ -23,13 +25,13 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import timed, write_result  # noqa: E402
+from common import captured, timed, write_result  # noqa: E402
 
 import iris  # noqa: E402
-from iris.experimental import nvshmem_runtime  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
-BLOCK = 4096
+BLOCK, CALLS = 4096, 10
+JOBS = {"plain": "", "mixed": "all"}  # job -> IRIS_INDIRECT_PEERS
 
 
 @triton.jit
@@ -43,76 +45,145 @@ def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, PUT: tl.
             iris.get(src + o, dst + o, me, peer, heap_bases)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--max-mib", type=int, default=256)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    sizes = [4 * KiB << (2 * i) for i in range(12) if 4 * KiB << (2 * i) <= args.max_mib * MiB]
-    ctx = iris.iris(heap_size=2 * args.max_mib * MiB + 64 * MiB, allocator="nvshmem")
+def _graph_us(dev, fn, reps):
+    """Median µs per call of fn from replays of a CUDA graph of CALLS calls; the error where capture fails."""
+    try:
+        return statistics.median(timed(dev, captured(fn, CALLS).replay, reps)) * 1e6 / CALLS
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _job(name, max_mib):
+    """One job's rank: rank 0 times every size through each table and returns its numbers."""
+    from iris.experimental import nvshmem_runtime
+    t0 = time.perf_counter()
+    ctx = iris.iris(heap_size=2 * max_mib * MiB + 64 * MiB, allocator="nvshmem")
     me, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
-    peer = 1 - me
-    n_max = args.max_mib * MiB // 4
-    src = ctx.empty(n_max, dtype=torch.float32)
-    dst = ctx.empty(n_max, dtype=torch.float32)
+    peer, n_max = 1 - me, max_mib * MiB // 4
+    print(f"{time.strftime('%H:%M:%S')} {name} rank {me}: heap ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    src, dst = ctx.empty(n_max, dtype=torch.float32), ctx.full((n_max,), -1.0, dtype=torch.float32)
     src.copy_(torch.arange(n_max, device=dev, dtype=torch.float32) + 1000 * me)
     hb = ctx.get_heap_bases()
-    base = ctx.heap.alloc.base
-    direct = torch.tensor([nvshmem_runtime.peer_ptr(base, r) for r in range(w)], dtype=torch.int64, device=dev)
-    tables = {"direct": direct} if hb[peer].item() != 0 else {"direct": hb}
-    if hb[peer].item() == 0:
-        tables["indirect"] = hb
+    if (hb[peer].item() == 0) != (name == "mixed"):
+        raise RuntimeError(f"{name} job: heap_bases[{peer}] = {hb[peer].item():#x}, IRIS_INDIRECT_PEERS="
+                           f"{os.environ.get('IRIS_INDIRECT_PEERS')!r}")
+    tables = {"direct": hb}
+    if name == "mixed":
+        base = ctx.heap.alloc.base
+        tables = {"direct": torch.tensor([nvshmem_runtime.peer_ptr(base, r) for r in range(w)], dtype=torch.int64,
+                                         device=dev), "indirect": hb}
     grid = (torch.cuda.get_device_properties(dev).multi_processor_count,)
-    rows, checks, compile_s, nvshmem_in_code = [], {}, None, None
+    out = {"tables": list(tables), "kernels": {}, "checks": {}, "rows": []}
+
+    def launch(table, put, n):
+        return copy_kernel[grid](src, dst, n, me, peer, table, BLOCK=BLOCK, PUT=put)
+
     ctx.barrier()
+    for how, table in tables.items():  # every element of a whole put (checked on the peer) and a whole get
+        for op, put in (("put", True), ("get", False)):
+            dst.fill_(-1.0)
+            torch.cuda.synchronize()
+            ctx.barrier()
+            if me == 0:
+                t = time.perf_counter()
+                k = launch(table, put, n_max)
+                torch.cuda.synchronize()
+                if op not in out["kernels"]:
+                    out["kernels"][op] = {"first_launch_s": time.perf_counter() - t, "registers": k.n_regs,
+                                          "spills": k.n_spills, "shared_bytes": k.metadata.shared,
+                                          "nvshmem_in_code": "nvshmem" in k.asm["ptx"]}
+            ctx.barrier()
+            holder, origin = (1, 0) if put else (0, 1)  # who holds the result, whose src it is
+            if me == holder:
+                want = torch.arange(n_max, device=dev, dtype=torch.float32) + 1000 * origin
+                out["checks"][f"{how}_{op}_exact"] = bool(torch.equal(dst, want))
+    ctx.barrier()
+    print(f"{time.strftime('%H:%M:%S')} {name} rank {me}: compiled and checked {out['checks']}", flush=True)
     if me == 0:
         stream = torch.cuda.current_stream(dev).cuda_stream
-        for nbytes in sizes:
-            n = nbytes // 4
+        put_on_stream = nvshmem_runtime.load()[1].putmem_on_stream
+        nbytes = 4 * KiB
+        while nbytes <= max_mib * MiB:
+            n, reps = nbytes // 4, 10 if nbytes >= 64 * MiB else 30
             row = {"bytes": nbytes}
             for how, table in tables.items():
                 for op, put in (("put", True), ("get", False)):
-                    a, b = src, dst  # put: my src into the peer's dst; get: the peer's src into my dst
-                    t0 = time.perf_counter()
-                    k = copy_kernel[grid](a, b, n, me, peer, table, BLOCK=BLOCK, PUT=put)
-                    if compile_s is None:
-                        torch.cuda.synchronize()
-                        compile_s = time.perf_counter() - t0
-                        nvshmem_in_code = "nvshmem" in k.asm["ptx"]
-                    secs = timed(dev, lambda: copy_kernel[grid](a, b, n, me, peer, table, BLOCK=BLOCK, PUT=put),
-                                 reps=20 if nbytes >= 64 * MiB else 50)
-                    row[f"{how}_{op}_us"] = statistics.median(secs) * 1e6
-            secs = timed(dev, lambda: (nvshmem_runtime.load()[1].putmem_on_stream(
-                dst.data_ptr(), src.data_ptr(), nbytes, peer, stream)), reps=20 if nbytes >= 64 * MiB else 50)
-            row["nvshmem_stream_put_us"] = statistics.median(secs) * 1e6
-            if "indirect" in tables:
-                row["indirect_put_over_direct"] = row["indirect_put_us"] / row["direct_put_us"]
-                row["indirect_get_over_direct"] = row["indirect_get_us"] / row["direct_get_us"]
-                row["indirect_put_over_nvshmem_stream_put"] = row["indirect_put_us"] / row["nvshmem_stream_put_us"]
-            row["GBps"] = {k[:-3]: nbytes / v / 1e3 for k, v in row.items() if k.endswith("_us")}
-            rows.append(row)
-            print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "GBps"},
-                  flush=True)
-        # every element of a get of the peer's whole src, through each table
-        for how, table in tables.items():
-            dst.fill_(-1.0)
-            copy_kernel[grid](src, dst, n_max, me, peer, table, BLOCK=BLOCK, PUT=False)
-            torch.cuda.synchronize()
-            checks[f"{how}_get_exact"] = bool(torch.equal(dst, torch.arange(n_max, device=dev,
-                                                                             dtype=torch.float32) + 1000 * peer))
+                    fn = (lambda t=table, p=put, c=n: launch(t, p, c))
+                    row[f"{how}_{op}_eager_us"] = statistics.median(timed(dev, fn, reps)) * 1e6
+                    row[f"{how}_{op}_graph_us"] = _graph_us(dev, fn, max(3, reps // 5))
+            if name == "plain":
+                fn = (lambda b=nbytes: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer, stream))
+                row["nvshmem_stream_put_eager_us"] = statistics.median(timed(dev, fn, reps)) * 1e6
+            out["rows"].append(row)
+            print(f"{time.strftime('%H:%M:%S')} {name}: " + ", ".join(
+                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+            nbytes *= 4
+        for row in out["rows"] if name == "plain" else ():  # last: a failed capture must not cost the rest
+            fn = (lambda b=row["bytes"]: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer, stream))
+            row["nvshmem_stream_put_graph_us"] = _graph_us(dev, fn, 3 if row["bytes"] >= 64 * MiB else 6)
+            if isinstance(row["nvshmem_stream_put_graph_us"], str):
+                break
     ctx.barrier()
-    if me == 0:
-        path = write_result("indirect", {
-            "indirect_peers": os.environ.get("IRIS_INDIRECT_PEERS", ""),
-            "kernel": f"copy_kernel: grid = SM count, tiles of {BLOCK} fp32, iris.put/iris.get per tile",
-            "first_launch_s_with_compile": compile_s, "nvshmem_in_kernel_code": nvshmem_in_code,
-            "checks": checks, "rows": rows,
-            "note": "direct: the peer's heap_bases entry is its nvshmem_ptr mapping; indirect: 0, so the same "
-                    "kernel goes through nvshmemx_putmem_block/getmem_block (NVSHMEM's peer-to-peer path: both "
-                    "ranks share one GPU)"}, args.out)
-        print("wrote", path, flush=True)
     ctx.close()
-    return 0
+    return out
+
+
+def _ratio(a, b):
+    return a / b if isinstance(a, float) and isinstance(b, float) else None
+
+
+def merge(plain, mixed):
+    """One row per size: every number of both jobs under names that say which job and peer, and the ratios."""
+    rows = []
+    for p, m in zip(plain["rows"], mixed["rows"]):
+        row = {"bytes": p["bytes"]}
+        row.update({k.replace("direct_", "direct_plain_", 1) if k.startswith("direct_") else k: v
+                    for k, v in p.items() if k != "bytes"})
+        row.update({k.replace("direct_", "direct_mixed_", 1) if k.startswith("direct_") else k: v
+                    for k, v in m.items() if k != "bytes"})
+        for op in ("put", "get"):
+            for mode in ("eager", "graph"):
+                plain_us = row.get(f"direct_plain_{op}_{mode}_us")
+                row[f"direct_mixed_over_plain_{op}_{mode}"] = _ratio(row.get(f"direct_mixed_{op}_{mode}_us"), plain_us)
+                row[f"indirect_over_direct_{op}_{mode}"] = _ratio(row.get(f"indirect_{op}_{mode}_us"), plain_us)
+        for mode in ("eager", "graph"):
+            row[f"indirect_put_over_nvshmem_stream_put_{mode}"] = _ratio(row.get(f"indirect_put_{mode}_us"),
+                                                                        row.get(f"nvshmem_stream_put_{mode}_us"))
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--max-mib", type=int, default=256)
+    p.add_argument("--timeout", type=float, default=150.0, help="seconds each job may take")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    results = {}
+    for name, setting in JOBS.items():
+        os.environ["IRIS_INDIRECT_PEERS"] = setting  # read by the ranks when they import iris
+        results[name] = iris.spawn(_job, 2, args=(name, args.max_mib), timeout=args.timeout)
+    checks = {f"{name}_{k}": v for name, ranks in results.items() for r in ranks for k, v in r["checks"].items()}
+    rows = merge(results["plain"][0], results["mixed"][0])
+    path = write_result("indirect", {
+        "world_size": 2,
+        "kernel": f"copy_kernel: grid = SM count, tiles of {BLOCK} fp32, iris.put/iris.get per tile",
+        "graph_calls": CALLS,
+        "kernels": {name: ranks[0]["kernels"] for name, ranks in results.items()},
+        "checks": checks, "all_exact": all(checks.values()),
+        "rows": rows,
+        "note": "plain: a job without indirect peers; mixed: IRIS_INDIRECT_PEERS=all, the kernel carries NVSHMEM's "
+                "path; direct_mixed: that kernel with a table from nvshmem_ptr (loads and stores); indirect: the "
+                "same kernel with heap_bases (nvshmemx_putmem_block/getmem_block, NVSHMEM's peer-to-peer path: "
+                "both ranks share one GPU); ratios against direct_plain"}, args.out)
+    for row in rows:
+        print(f"{row['bytes'] >> 10:>8} KiB  direct in a mixed job / plain: " + " ".join(
+            f"{k[len('direct_mixed_over_plain_'):]} {row[k]:.2f}" for k in row
+            if k.startswith("direct_mixed_over_plain_") and row[k]) + "   indirect / direct: " + " ".join(
+            f"{k[len('indirect_over_direct_'):]} {row[k]:.2f}" for k in row
+            if k.startswith("indirect_over_direct_") and row[k]), flush=True)
+    print("wrote", path, "all exact" if all(checks.values()) else f"NOT EXACT: {checks}", flush=True)
+    return 0 if all(checks.values()) else 1
 
 
 if __name__ == "__main__":

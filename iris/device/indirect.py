@@ -13,8 +13,9 @@ A contiguous tile (the masked elements of source and destination are each one ra
 element) moves with one block-scoped NVSHMEM call made by every thread of the program; any other
 tile moves element by element. Atomics are issued one element at a time from thread 0 (a tile
 loops over its elements): NVSHMEM has no float add, min or max, which loop on compare-and-swap.
-Ordering: sem release/acq_rel (the default) completes this thread's earlier NVSHMEM operations
-(nvshmem_quiet) before the atomic; NVSHMEM's fetching atomics complete before they return.
+Ordering: sem release/acq_rel (the default) completes the program's earlier NVSHMEM operations
+before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
+barrier of the program's threads); NVSHMEM's fetching atomics complete before they return.
 """
 import os
 import sys
@@ -27,6 +28,7 @@ from . import rma as _rma  # a cycle: rma imports this module; both are complete
 from .translate import _translate
 
 INDIRECT_PEERS: tl.constexpr = tl.constexpr(os.environ.get("IRIS_INDIRECT_PEERS", "").strip() not in ("", "none"))
+from . import sync as _sync  # noqa: E402  (a cycle too: sync imports INDIRECT_PEERS from here)
 # atomic operations: NVSHMEM's codes where it has the operation, then the two it lacks
 ADD: tl.constexpr = nv.AMO_ADD
 CAS: tl.constexpr = nv.AMO_CAS
@@ -348,10 +350,7 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP: tl.constexpr, sem
     if far(heap_bases, to_rank):
         cur = wait_far(flag_ptr, value, to_rank, CMP)
     else:
-        p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
-        cur = tl.atomic_add(p, 0, sem=sem, scope=scope)
-        while _unmet(cur, value, CMP):
-            cur = tl.atomic_add(p, 0, sem=sem, scope=scope)
+        cur = _sync._spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, sem, scope)
     return cur
 
 
@@ -362,44 +361,18 @@ def wait_far(flag_ptr, value, pe, CMP: tl.constexpr):
     zero = _bits(tl.zeros([], dtype))
     pe32 = tl.cast(pe, tl.int32)
     cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
-    while _unmet(cur, value, CMP):
+    while _sync._unmet(cur, value, CMP):
         cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
     return cur
 
 
 @triton.jit
-def _unmet(cur, value, cmp: tl.constexpr):
-    if cmp == "eq":
-        out = cur != value
-    elif cmp == "ne":
-        out = cur == value
-    elif cmp == "ge":
-        out = cur < value
-    elif cmp == "gt":
-        out = cur <= value
-    elif cmp == "le":
-        out = cur > value
-    else:
-        out = cur >= value
-    return out
-
-
-@triton.jit
-def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
-    """sync.barrier_kernel where some peers are indirect: the epoch goes to each peer in turn,
-    through NVSHMEM (after nvshmem_quiet) where the peer is indirect."""
-    epoch = tl.load(flags + world) + 1
-    tl.store(flags + world, epoch)
+def announce(flags, rank, world, heap_bases, epoch):
+    """sync.barrier_kernel's epoch into flags[rank] on every rank: through NVSHMEM (after
+    nvshmem_quiet) where the rank is indirect, with a release exchange where it is direct."""
     nv.quiet(0)
     for r in range(world):
         if far(heap_bases, r):
             _amo1(nv.AMO_SWAP, (flags + rank).to(tl.int64), epoch, epoch ^ epoch, r)
         else:
-            delta = (tl.load(heap_bases + r) - tl.load(heap_bases + rank)) // 8
-            tl.atomic_xchg(flags + rank + delta, epoch, sem="release", scope="sys")
-    peers = tl.arange(0, BLOCK)
-    live = peers < world
-    pending = 1
-    while pending > 0:
-        seen = tl.atomic_add(flags + peers, 0, mask=live, sem="acquire", scope="sys")
-        pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+            tl.atomic_xchg(_translate(flags + rank, rank, r, heap_bases), epoch, sem="release", scope="sys")

@@ -13,9 +13,12 @@ What matters:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
+import re
 import sysconfig
+import tempfile
 
 import triton
 import triton.language as tl
@@ -65,14 +68,40 @@ def bitcode_path(arch: int | None = None) -> str:
                              "IRIS_NVSHMEM_BITCODE to the file")
 
 
-def _link(path, backend, stages, options, language, capability) -> None:
-    """Make the LLVM stage of a CUDA compilation link NVSHMEM's bitcode and iris's helpers (Triton
-    links extern libraries only into a module that calls an external function)."""
+def _slice(path: str, digest: str) -> str:
+    """iris's helpers and the part of NVSHMEM's bitcode they call, as one LLVM IR file built once per
+    bitcode, helpers and Triton version, and kept in Triton's cache. Triton parses every library it
+    links anew for each kernel: NVSHMEM's whole bitcode costs seconds per kernel, this slice a fraction."""
+    from triton._C.libtriton import ir, llvm
+    from triton.runtime.cache import get_cache_manager
+    cache = get_cache_manager(hashlib.sha256(f"iris-nvshmem-slice-{digest}-{triton.__version__}".encode()).hexdigest())
+    found = cache.get_file("iris_nvshmem.ll")
+    if found:
+        return found
+    with open(_HELPERS) as f:
+        helpers = re.findall(r"^define (\S+) @(iris_\w+)\(([^)]*)\)", f.read(), re.M)
+    # a module that declares each helper: linking pulls in their definitions and what they call, no more
+    decls = "".join(f"  llvm.func @{name}({', '.join(a.split()[0] for a in args.split(','))}) -> {ret}\n"
+                    for ret, name, args in helpers)
+    context = ir.context()
+    ir.load_dialects(context)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "decls.mlir")
+        with open(source, "w") as f:
+            f.write("module {\n" + decls + "}\n")
+        module = llvm.to_module(ir.parse_mlir_module(source, context), llvm.context())
+    llvm.link_extern_libs(module, [_HELPERS, path])
+    # linking made every library function internal; the helpers must stay callable from kernels
+    text = re.sub(r"^define internal (.*?@iris_)", r"define \1", str(module), flags=re.M)
+    return cache.put(text, "iris_nvshmem.ll")
+
+
+def _link(slice_path, backend, stages, options, language, capability) -> None:
+    """Make the LLVM stage of a CUDA compilation link iris's helpers with NVSHMEM (Triton links extern
+    libraries only into a module that calls an external function)."""
     if "llir" not in stages or getattr(options, "backend_name", "cuda") != "cuda":
         return
-    # linked in order, each only for what the module needs by then: iris's helpers come first,
-    # so that the NVSHMEM calls they make are resolved by the bitcode after them
-    libs = {"iris_nvshmem": _HELPERS, **dict(options.extern_libs or ()), "libnvshmem_device": path}
+    libs = {"iris_nvshmem": slice_path(), **dict(options.extern_libs or ())}
     linked = dataclasses.replace(options, extern_libs=tuple(libs.items()))
     stages["llir"] = lambda src, metadata: backend.make_llir(src, metadata, linked, capability)
 
@@ -109,6 +138,7 @@ def enable(arch: int | None = None) -> str:
             digest.update(fh.read())
     digest = digest.hexdigest()
     previous = triton.knobs.runtime.add_stages_inspection_hook
+    slice_path = functools.lru_cache(maxsize=None)(lambda: _slice(path, digest))
 
     def hook(*args):
         """With no arguments, what it adds to the cache key; otherwise it rewrites the stages."""
@@ -120,7 +150,7 @@ def enable(arch: int | None = None) -> str:
             return key + pkey, digest + phash
         if previous is not None:
             previous(*args)
-        _link(path, *args)
+        _link(slice_path, *args)
 
     triton.knobs.runtime.add_stages_inspection_hook = hook
     _enabled = (path, previous)

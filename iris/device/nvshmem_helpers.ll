@@ -1,10 +1,10 @@
-; iris's calls into NVSHMEM's device library, linked beside libnvshmem_device.bc.
+; iris's calls into NVSHMEM's device library, linked with libnvshmem_device.bc (iris.device.nvshmem).
 ; Triton calls an extern function from every thread of a program. Single-issuer operations
 ; (atomics) are issued here by thread 0 only, and their result reaches every thread through one
 ; shared word between two barriers; element-wise p/g honour a mask; block-scoped calls pass through.
 ; Pointers arrive as i64 (Triton passes addresses as integers); every wrapper returns a value
-; because Triton's extern calls must. They stay out of line (noinline): inlined, NVSHMEM's code
-; would raise the register count of every kernel that can reach an indirect peer, direct accesses included. NVSHMEM has no int64 fetch_add: long (64 bits on Linux) stands in.
+; because Triton's extern calls must. They stay out of line (noinline): a call site costs a call,
+; not a copy of NVSHMEM's code. NVSHMEM has no int64 fetch_add: long (64 bits on Linux) stands in.
 
 target datalayout = "e-p3:32:32-p4:32:32-p5:32:32-p6:32:32-p7:32:32-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 target triple = "nvptx64-nvidia-cuda"
@@ -148,9 +148,12 @@ out:
 }
 
 ; op: 0 fetch_add, 1 compare_swap (a: cond, b: value), 2 swap, 3 fetch_and, 4 fetch_or,
-; 5 fetch_xor, 6 fetch. Thread 0 issues it; every thread returns its result.
+; 5 fetch_xor, 6 fetch. Thread 0 issues it after a barrier, so that every thread of the program has
+; made its earlier calls (and the nvshmem_quiet a release puts before the atomic) and has read the
+; previous atomic's result; every thread returns its result after a second barrier.
 define i64 @iris_amo64(i32 %op, i64 %dst, i64 %a, i64 %b, i32 %pe) #0 {
 entry:
+  call void asm sideeffect "bar.sync 0;", "~{memory}"()
   %t = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()
   %first = icmp eq i32 %t, 0
   br i1 %first, label %issue, label %share
@@ -192,12 +195,12 @@ done:
 share:
   call void asm sideeffect "bar.sync 0;", "~{memory}"()
   %o = load i64, ptr addrspace(3) @iris_nvshmem_word, align 8
-  call void asm sideeffect "bar.sync 0;", "~{memory}"()
   ret i64 %o
 }
 
 define i32 @iris_amo32(i32 %op, i64 %dst, i32 %a, i32 %b, i32 %pe) #0 {
 entry:
+  call void asm sideeffect "bar.sync 0;", "~{memory}"()
   %t = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()
   %first = icmp eq i32 %t, 0
   br i1 %first, label %issue, label %share
@@ -240,7 +243,6 @@ done:
 share:
   call void asm sideeffect "bar.sync 0;", "~{memory}"()
   %o = load i64, ptr addrspace(3) @iris_nvshmem_word, align 8
-  call void asm sideeffect "bar.sync 0;", "~{memory}"()
   %o32 = trunc i64 %o to i32
   ret i32 %o32
 }

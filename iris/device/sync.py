@@ -72,7 +72,12 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, cmp: tl.constexpr = No
     SCOPE: tl.constexpr = "sys" if scope is None else scope
     if INDIRECT_PEERS:
         return _indirect.wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP, SEM, SCOPE)
-    p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
+    return _spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, SEM, SCOPE)
+
+
+@triton.jit
+def _spin(p, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
+    """Polls the flag at p (this process's mapping) until it compares CMP to value; returns it."""
     cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
     while _unmet(cur, value, CMP):
         cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
@@ -91,14 +96,15 @@ def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
     then spins with acquire until every entry of its own flags reaches that epoch: writes made
     before the barrier on any rank are visible after it on all.
     """
-    if INDIRECT_PEERS:
-        return _indirect.barrier_kernel(flags, rank, world, heap_bases, BLOCK)
     epoch = tl.load(flags + world) + 1
     tl.store(flags + world, epoch)
     peers = tl.arange(0, BLOCK)
     live = peers < world
-    slots = _translate(flags + rank, rank, tl.where(live, peers, rank), heap_bases)
-    tl.atomic_xchg(slots, tl.zeros([BLOCK], tl.int64) + epoch, mask=live, sem="release", scope="sys")
+    if INDIRECT_PEERS:
+        _indirect.announce(flags, rank, world, heap_bases, epoch)
+    else:
+        slots = _translate(flags + rank, rank, tl.where(live, peers, rank), heap_bases)
+        tl.atomic_xchg(slots, tl.zeros([BLOCK], tl.int64) + epoch, mask=live, sem="release", scope="sys")
     pending = 1
     while pending > 0:  # a scalar loop-carried value: Triton 3.6 mis-compiles a block one here
         seen = tl.atomic_add(flags + peers, 0, mask=live, sem="acquire", scope="sys")
