@@ -118,6 +118,8 @@ def _job(name, max_mib):
             print(f"{time.strftime('%H:%M:%S')} {name}: " + ", ".join(
                 f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
             nbytes *= 4
+        if name == "mixed":  # the launch shape: NVSHMEM's block copy keeps one 16-byte store per thread in flight
+            out["shapes"] = _shapes(ctx, src, dst, tables, grid[0], max_mib)
         for row in out["rows"] if name == "plain" else ():  # last: a failed capture must not cost the rest
             fn = (lambda b=row["bytes"]: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer, stream))
             row["nvshmem_stream_put_graph_us"] = _graph_us(dev, fn, 3 if row["bytes"] >= 64 * MiB else 6)
@@ -126,6 +128,23 @@ def _job(name, max_mib):
     ctx.barrier()
     ctx.close()
     return out
+
+
+def _shapes(ctx, src, dst, tables, sms, max_mib):
+    """Eager µs of a put through each table at large sizes, by programs per SM and warps per program."""
+    me, dev, rows = ctx.get_rank(), ctx.get_device(), []
+    for nbytes in (b for b in (16 * MiB, 256 * MiB) if b <= max_mib * MiB):
+        for per_sm in (1, 4, 16):
+            for warps in (4, 16):
+                row = {"bytes": nbytes, "programs_per_sm": per_sm, "num_warps": warps}
+                for how, table in tables.items():
+                    fn = (lambda t=table: copy_kernel[(sms * per_sm,)](src, dst, nbytes // 4, me, 1 - me, t, BLOCK=BLOCK,
+                                                                      PUT=True, num_warps=warps))
+                    row[f"{how}_put_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
+                rows.append(row)
+                print(f"{time.strftime('%H:%M:%S')} shape: " + ", ".join(
+                    f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+    return rows
 
 
 def _ratio(a, b):
@@ -172,6 +191,7 @@ def main(argv=None) -> int:
         "kernels": {name: ranks[0]["kernels"] for name, ranks in results.items()},
         "checks": checks, "all_exact": all(checks.values()),
         "rows": rows,
+        "launch_shapes": results["mixed"][0].get("shapes", []),
         "note": "plain: a job without indirect peers; mixed: IRIS_INDIRECT_PEERS=all, the kernel carries NVSHMEM's "
                 "path; direct_mixed: that kernel with a table from nvshmem_ptr (loads and stores); indirect: the "
                 "same kernel with heap_bases (nvshmemx_putmem_block/getmem_block, NVSHMEM's peer-to-peer path: "
