@@ -6,9 +6,11 @@ pair_kernels.p2p_kernel and barrier_kernel; nothing is allocated on the heap.
 """
 from __future__ import annotations
 
+import torch
+
 from .collectives import CollectiveError
 from .pair_kernels import barrier_kernel, p2p_kernel
-from .rooted import Plan, knobs, members_of, on_heap, overlap, pair_state, position, ranks_of, split, tensor
+from .rooted import Plan, knobs, members_of, on_heap, overlap, pair_state, position, puts_plan, ranks_of, split, tensor
 
 
 def send(ccl, t, dst, group, config) -> None:
@@ -31,6 +33,9 @@ def barrier(ccl, group) -> None:
         return
     key = ("barrier", ranks)
     plan = ccl.plans.get(key)
+    if plan is None and ccl.puts:
+        flags = ccl.ctx._put_counters.view(torch.float32)  # a barrier moves no data: the fp32 kernel serves
+        plan = ccl.plans[key] = puts_plan(ccl, "barrier", flags, flags, ranks, (0, 0, 1, 0))
     if plan is None:
         ccl._ready("the first barrier of a group builds small device tensors", "call it once")
         counters, seen = pair_state(ccl)
@@ -73,6 +78,8 @@ def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
         if overlap(src_t, dst_t):
             raise CollectiveError(f"{call}: send tensor overlaps recv tensor, which the source writes while this "
                                   "rank reads the send tensor; pass separate tensors")
+    if plan is None and ccl.puts:
+        plan = ccl.plans[key] = puts_plan(ccl, "p2p", dst_t, src_t, None, knob, to=g_to, frm=g_frm)
     if plan is None:
         ccl._ready(f"the first {call} at a new shape and peer builds small device tensors", "call it once")
         counters, seen = pair_state(ccl)
