@@ -49,6 +49,51 @@ def check_variants(ctx, shape, cfg):
     return bad
 
 
+def check_preamble_async(ctx, n, cfg):
+    """all_reduce_preamble builds the put plan the next call runs; async_op=True changes nothing."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    xs = [_data((n,), torch.float32, q, 9, dev) for q in range(w)]
+    out = torch.full((n,), POISON, dtype=torch.float32, device=dev)
+    plan = ctx.ccl.all_reduce_preamble(out, xs[r], config=cfg)
+    ctx.ccl.all_reduce(out, xs[r], config=cfg, async_op=True)
+    bad = [] if _same(out, _reduce(xs, ReduceOp.SUM)) else ["all_reduce after its preamble"]
+    if plan.fn.__name__ != "put_kernel" or ctx.ccl._last_ar.plan is not plan:
+        bad.append(("preamble built", plan.fn.__name__))
+    out = torch.full((w * n,), POISON, dtype=torch.float32, device=dev)
+    ctx.ccl.all_gather(out, xs[r], config=cfg, async_op=True)
+    return bad + ([] if _same(out, torch.cat(xs)) else ["all_gather with async_op=True"])
+
+
+def check_rounds(ctx, group, ranks, heap):
+    """Calls larger than iris's receive area per program (PUT_SLOT): several rounds per call, slots reused
+    after their acknowledgement (a group all_reduce, then sendrecv around the group)."""
+    r, dev, g = ctx.rank, ctx.device, len(ranks)
+    me, n, bad = ranks.index(r), 3 * 4096 + 5, []
+    cfg = Config(comm_sms=1)
+    for rep in range(2):
+        xs = [_data((n,), torch.float32, q, rep, dev) for q in ranks]
+        x, out = heap((n,), torch.float32).copy_(xs[me]), torch.full((n,), POISON, dtype=torch.float32, device=dev)
+        ctx.ccl.all_reduce(out, x, group=group, config=cfg)
+        recv = torch.full((n,), POISON, dtype=torch.float32, device=dev)
+        inbox = heap((2 * n,), torch.float32)[n:].fill_(POISON)
+        ctx.ccl.sendrecv(xs[me], inbox, dst=(me + 1) % g, src=(me - 1) % g, group=group, config=cfg)
+        recv.copy_(inbox)
+        if not (_same(out, _reduce(xs, ReduceOp.SUM)) and _same(recv, xs[(me - 1) % g])):
+            bad.append(("rounds", tuple(ranks), rep))
+    return bad
+
+
+def check_spin_limit(ctx):
+    """Config.spin_limit: rank 0 calls over [1, 0] (a group: it allocates nothing) while rank 1 never does;
+    rank 0's program gives up and marks its own received count. Leaves the pair's counts out of step: the
+    last call of the job."""
+    x = ctx.empty(16, dtype=torch.float32)  # collective: every rank allocates it
+    if ctx.rank != 0:
+        return []
+    ctx.ccl.all_reduce(torch.empty(16), x, group=[1, 0], config=Config(comm_sms=1, spin_limit=20))
+    return [] if ctx.ccl._put_state[0, 1, 0].item() == -1 else ["a program whose peer never came did not mark"]
+
+
 def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):
     """Every collective over the whole job and over subsets (roots and reductions turn with the group);
     returns failures. shapes: a 1-D and a 2-D shape; more: also repeats, Iris's reduce_scatter layout and
@@ -69,8 +114,9 @@ def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):
             bad += check_tile_reduce_scatter(ctx, 10, 12, Config(block_size_m=4, block_size_n=4, swizzle_size=2,
                                                                  comm_sms=cfg.comm_sms, all_reduce_distribution=dist))
         bad += check_variants(ctx, shapes[0], cfg)
+        bad += check_preamble_async(ctx, shapes[0][0], cfg)
     progress("whole job checked")
-    slots = Slots(ctx, 1, 8 * w * max(shapes[0][0], shapes[1][0] * shapes[1][1]))
+    slots = Slots(ctx, 1, 8 * max(w * shapes[0][0], w * shapes[1][0] * shapes[1][1], 2 * 4096 * 3 + 10))
     heap = lambda s, d: slots(0, s, d)  # noqa: E731
     for rep, (group, ranks) in enumerate([(None, list(range(w)))] + subsets(w, r)):
         dtype = dtypes[rep % len(dtypes)]
@@ -79,6 +125,8 @@ def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):
         bad += check_rooted(ctx, heap, group, ranks, dtype, cfg, rep, shapes)
         bad += check_p2p(ctx, heap, group, ranks, dtype, cfg, rep, shapes)
         progress(f"group {ranks} checked")
+    group, ranks = subsets(w, r)[-1]
+    bad += check_rounds(ctx, group, ranks, heap)
     return bad
 
 
@@ -87,6 +135,9 @@ def rank_host(dtypes, cfg, more):
     bad = run_checks(ctx, cfg, dtypes, ((37,), (5, 7)), more)
     for group, ranks in subsets(ctx.world, ctx.rank)[-1:]:
         bad += check_barrier_waits(ctx, group, ranks)
+    if more:
+        ctx.barrier()
+        bad += check_spin_limit(ctx)
     ctx.close()
     return bad
 
