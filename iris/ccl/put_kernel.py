@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ..device.atomics import atomic_xchg
 from ..device.rma import put
+from .kernels import _await
 
 # what a call does; the symmetric ones (every member sends to every other) come first
 AR: tl.constexpr = tl.constexpr(0)        # all_reduce in one shot: every rank's whole input to every peer
@@ -93,18 +94,8 @@ def _source(what, o, q, n, total, cols, g, M, N, tiles, bm, bn, gm, dist):
 
 @triton.jit
 def _at_least(count, target, mark, SPIN: tl.constexpr):
-    """Polls the int64 *count (this rank's memory; acquire, sys) until it reaches target. SPIN: 0 waits
-    for ever, else the most polls before giving up, which writes -1 into *mark (Config.spin_limit)."""
-    pending = (tl.atomic_add(count, 0, sem="acquire", scope="sys") < target).to(tl.int32)
-    polls = 0
-    while pending > 0:
-        pending = (tl.atomic_add(count, 0, sem="acquire", scope="sys") < target).to(tl.int32)
-        if SPIN != 0:
-            polls += 1
-            if polls >= SPIN:
-                if pending > 0:
-                    tl.store(mark, -1)
-                pending = 0
+    """Polls the int64 *count (this rank's memory) until it reaches target; SPIN and mark as _await's."""
+    _await(count + tl.arange(0, 1), tl.full([1], 1, tl.int1), target, mark, SPIN)
 
 
 @triton.jit
