@@ -21,11 +21,16 @@ import torch
 
 from ..allocators.offsets import round_up
 from ..context import GROUP_PROGRAMS, PUT_PROGRAMS, PUT_SLOT
+from . import put_kernel as pk
 from .put_kernel import put_kernel  # noqa: F401 (the plans' kernel, for the call sites)
 
-KINDS = {"ar": 0, "ar2": 1, "ag": 2, "rs": 3, "a2a": 4, "rst": 5, "barrier": 7, "bc": 8, "scatter": 9, "reduce": 10,
-         "gather": 11, "p2p": 12}
-OPS = {"sum": 0, "max": 1, "min": 2}
+KINDS = {name: c.value for name, c in (("ar", pk.AR), ("ar2", pk.AR2), ("ag", pk.AG), ("rs", pk.RS), ("a2a", pk.A2A),
+                                       ("rst", pk.RST), ("barrier", pk.BARRIER), ("bc", pk.BC),
+                                       ("scatter", pk.SCATTER), ("reduce", pk.REDUCE), ("gather", pk.GATHER),
+                                       ("p2p", pk.P2P))}
+OPS = {"sum": 0, "max": pk.MAX.value, "min": pk.MIN.value}
+SYMMETRIC = ("ar", "ar2", "ag", "rs", "a2a", "rst")  # every member sends to every other, its own inp included
+FROM_ROOT, TO_ROOT = ("bc", "scatter"), ("reduce", "gather")
 _KiB, _MiB = 1 << 10, 1 << 20
 # a whole-job call's receive area: at most this many bytes, or twice its larger tensor, before it moves in rounds
 AREA_BYTES = 64 * _MiB
@@ -55,16 +60,18 @@ def roles(kind, members, me, root, to, frm) -> tuple:
     """Each member's role bits for put_kernel (SENDS: this rank puts to it, RECEIVES: it puts to this rank,
     OWN: on this rank's own entry, its inp is part of what it writes). root: a position; to, frm: global
     ranks (p2p; -1: none)."""
-    every = kind in ("ar", "ar2", "ag", "rs", "a2a", "rst", "barrier")
-    rooted = me == root and kind in ("bc", "scatter", "reduce", "gather")
     out = []
     for j, q in enumerate(members):
         if j == me:
-            out.append(4 * (kind in ("ar", "ar2", "ag", "rs", "a2a", "rst") or rooted or (kind == "p2p" and frm == q)))
+            own = kind in SYMMETRIC or (kind in FROM_ROOT + TO_ROOT and me == root) or (kind == "p2p" and frm == q)
+            out.append(pk.OWN.value * own)
             continue
-        sends = every or rooted * (kind in ("bc", "scatter")) or (j == root and kind in ("reduce", "gather"))
-        gets = every or rooted * (kind in ("reduce", "gather")) or (j == root and kind in ("bc", "scatter"))
-        out.append(bool(sends or (kind == "p2p" and q == to)) + 2 * bool(gets or (kind == "p2p" and q == frm)))
+        both = kind in SYMMETRIC or kind == "barrier"
+        sends = (both or (kind in FROM_ROOT and me == root) or (kind in TO_ROOT and j == root)
+                 or (kind == "p2p" and q == to))
+        gets = (both or (kind in TO_ROOT and me == root) or (kind in FROM_ROOT and j == root)
+                or (kind == "p2p" and q == frm))
+        out.append(pk.SENDS.value * sends + pk.RECEIVES.value * gets)
     return tuple(out)
 
 
