@@ -39,13 +39,17 @@ def _internal_bytes(world: int, puts: bool = False) -> int:
     return round_up(max(4096, used), ALIGN)
 
 
+def _ccl_puts_asked() -> bool:
+    """IRIS_CCL_PUTS=1: ctx.ccl moves data by puts although every peer is direct (tests, benchmarks)."""
+    return os.environ.get("IRIS_CCL_PUTS", "").strip() not in ("", "0")
+
+
 def _ccl_puts_expected(allocator, world: int, group) -> bool:
-    """Whether ctx.ccl will move data by puts, known before the heap exists (its receive area is part of the
-    reserve): IRIS_CCL_PUTS=1 asks for it; else a provider that can have indirect peers, in a job whose ranks
-    IRIS_INDIRECT_PEERS names or which spans hosts."""
-    if os.environ.get("IRIS_CCL_PUTS", "").strip() not in ("", "0"):
-        return True
-    return not getattr(allocator, "one_host", True) and (bool(reach.forced(world)) or len(group.ranks_by_host()) > 1)
+    """Whether ctx.ccl may move data by puts, guessed before the heap exists (their receive area is part of the
+    reserve): asked for, or a provider that can have indirect peers, in a job whose ranks IRIS_INDIRECT_PEERS
+    names or which spans hosts."""
+    return _ccl_puts_asked() or not getattr(allocator, "one_host", True) and (
+        bool(reach.forced(world)) or len(group.ranks_by_host()) > 1)
 
 
 def _shape(size) -> torch.Size:
@@ -128,7 +132,7 @@ class Iris:
             # whether some rank has an indirect peer: every rank must pick the same collectives
             self._indirect_job = not getattr(ALLOCATORS[name], "one_host", True) and any(
                 self.group.allgather(0 in self.heap.bases, "indirect peers"))
-            self._ccl_puts = puts or self._indirect_job
+            self._ccl_puts = self._indirect_job or _ccl_puts_asked()
             if self._ccl_puts and not puts:  # indirect peers on one host (no peer-to-peer access)
                 reserve = _internal_bytes(self.world, True)
                 warnings.warn(f"this job's ranks reach some peers only through NVSHMEM although it runs on one host: "
