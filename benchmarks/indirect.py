@@ -10,7 +10,11 @@ then mixed (IRIS_INDIRECT_PEERS=all: heap_bases has 0 for the peer, so iris reac
 a second table built from nvshmem_ptr reaches the same peer by loads and stores from the same compiled
 kernel). Rank 0 puts to and gets from rank 1, 4 KiB to max-mib; eager: median of CUDA-event-timed
 launches; graph: median of replays of a graph of CALLS launches, per launch. Every element of a whole
-put and a whole get is checked through each table.
+put and a whole get is checked through each table. The mixed job then runs ctx.ccl's all_reduce (4 KiB
+to ccl-max-mib) and one all_gather through its put kernel on every rank, reaching the peer indirectly
+and directly, beside the load/store kernel a job without indirect peers runs; each result is checked
+element by element before it is timed. With both ranks on one GPU the collectives' kernels take turns
+on it: compare the columns with each other, not with NVLink figures.
 """
 from __future__ import annotations
 
@@ -25,9 +29,10 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import captured, timed, write_result  # noqa: E402
+from common import captured, sync, timed, write_result  # noqa: E402
 
 import iris  # noqa: E402
+from iris.ccl import Config, ReduceOp  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK, CALLS = 4096, 10
@@ -53,11 +58,72 @@ def _graph_us(dev, fn, reps):
         return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
 
 
-def _job(name, max_mib):
+def _plans(ctx, kind, out, x, direct, cfg):
+    """ctx.ccl's plans of one call shape: its put kernel reaching every peer through the heap's table
+    (indirect where the entry is 0) and through the direct table, and the load/store kernel that a job
+    without indirect peers runs, on the direct table. Built from ccl's plan builders, outside its cache."""
+    ccl, sum_ = ctx.ccl, ReduceOp.SUM
+
+    def build():
+        if kind == "ar":
+            return ccl._plan_all_reduce(out, x, sum_, cfg)
+        return ccl._plan_puts("ag", out, x, None, sum_, cfg, whole=True) if ccl.puts else ccl._plan_pull(
+            "ag", out, x, sum_, cfg)
+
+    plans = {"put_indirect": build(), "put_direct": build()}
+    ccl.puts = False
+    try:
+        plans["loadstore_direct"] = build()
+    finally:
+        ccl.puts = True
+    for how in ("put_direct", "loadstore_direct"):
+        plan = plans[how]
+        plan.args[plan.at["heap_bases"]] = direct
+    return plans
+
+
+def ccl_rows(ctx, direct, sizes, ag_bytes, reps) -> list:
+    """all_reduce at each size and one all_gather (ag_bytes per rank), fp32, every rank: each plan's
+    result checked element by element, then timed (µs, median of this rank's calls)."""
+    me, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    cfg = Config()
+    rows = []
+    for kind, nbytes in [("ar", b) for b in sizes] + [("ag", ag_bytes)]:
+        n = nbytes // 4
+        x = ctx.empty(n, dtype=torch.float32)
+        x.copy_((torch.arange(n, device=dev) % 1000 + me).float())
+        out = torch.empty(n * (w if kind == "ag" else 1), dtype=torch.float32, device=dev)
+        if kind == "ar":
+            want = (torch.arange(n, device=dev) % 1000).float() * w + w * (w - 1) // 2
+        else:
+            want = torch.cat([(torch.arange(n, device=dev) % 1000 + q).float() for q in range(w)])
+        row = {"collective": "all_reduce" if kind == "ar" else "all_gather", "bytes": nbytes}
+        for how, plan in _plans(ctx, kind, out, x, direct, cfg).items():
+            out.fill_(float("nan"))
+            plan(out, x)
+            sync(dev)
+            row[f"{how}_exact"] = bool(torch.equal(out, want))
+            secs = timed(dev, lambda: plan(out, x), reps=reps)
+            row[f"{how}_us"] = statistics.median(secs) * 1e6
+            row[f"{how}_kernel"] = plan.fn.__name__
+            for t in plan.workspace:  # the plans are outside ccl's cache: give their heap buffers back now
+                if ctx.is_symmetric(t):
+                    ctx.free(t)
+        row["put_indirect_over_put_direct"] = row["put_indirect_us"] / row["put_direct_us"]
+        row["put_indirect_over_loadstore"] = row["put_indirect_us"] / row["loadstore_direct_us"]
+        rows.append(row)
+        if me == 0:
+            print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+        ctx.free(x)
+    return rows
+
+
+def _job(name, max_mib, ccl_max_mib=0, reps=20):
     """One job's rank: rank 0 times every size through each table and returns its numbers."""
     from iris.experimental import nvshmem_runtime
     t0 = time.perf_counter()
-    ctx = iris.iris(heap_size=2 * max_mib * MiB + 64 * MiB, allocator="nvshmem")
+    # put/get buffers, then a collective's input and its plans' buffers (at most 4x its size each)
+    ctx = iris.iris(heap_size=(2 * max_mib + 8 * ccl_max_mib + 64) * MiB, allocator="nvshmem")
     me, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
     peer, n_max = 1 - me, max_mib * MiB // 4
     print(f"{time.strftime('%H:%M:%S')} {name} rank {me}: heap ready in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -126,6 +192,10 @@ def _job(name, max_mib):
             if isinstance(row["nvshmem_stream_put_graph_us"], str):
                 break
     ctx.barrier()
+    if ccl_max_mib and name == "mixed" and ctx.ccl.puts:  # every rank: ctx.ccl runs its put kernel here
+        sizes = [4 * KiB << (2 * i) for i in range(12) if 4 * KiB << (2 * i) <= ccl_max_mib * MiB]
+        out["collectives"] = ccl_rows(ctx, tables["direct"], sizes, MiB, reps)
+    ctx.barrier()
     ctx.close()
     return out
 
@@ -176,12 +246,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-mib", type=int, default=256)
     p.add_argument("--timeout", type=float, default=150.0, help="seconds each job may take")
+    p.add_argument("--ccl-max-mib", type=int, default=64, help="largest all_reduce; 0 leaves the collectives out")
+    p.add_argument("--reps", type=int, default=20, help="timed calls of each collective")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     results = {}
     for name, setting in JOBS.items():
         os.environ["IRIS_INDIRECT_PEERS"] = setting  # read by the ranks when they import iris
-        results[name] = iris.spawn(_job, 2, args=(name, args.max_mib), timeout=args.timeout)
+        results[name] = iris.spawn(_job, 2, args=(name, args.max_mib, args.ccl_max_mib, args.reps), timeout=args.timeout)
     checks = {f"{name}_{k}": v for name, ranks in results.items() for r in ranks for k, v in r["checks"].items()}
     rows = merge(results["plain"][0], results["mixed"][0])
     path = write_result("indirect", {
@@ -192,6 +264,7 @@ def main(argv=None) -> int:
         "checks": checks, "all_exact": all(checks.values()),
         "rows": rows,
         "launch_shapes": results["mixed"][0].get("shapes", []),
+        "collectives": results["mixed"][0].get("collectives", []),
         "note": "plain: a job without indirect peers; mixed: IRIS_INDIRECT_PEERS=all, the kernel carries NVSHMEM's "
                 "path; direct_mixed: that kernel with a table from nvshmem_ptr (loads and stores); indirect: the "
                 "same kernel with heap_bases (nvshmemx_putmem_block/getmem_block, NVSHMEM's peer-to-peer path: "

@@ -26,11 +26,30 @@ from .validate import ClosedHeap, heap_tensor, plain_request, request
 ALIGN = 256
 _STRIDED, _CONTIGUOUS = torch.strided, torch.contiguous_format  # the factories' defaults, looked up once
 GROUP_PROGRAMS = 128  # most programs of a group collective: each has a counter per source rank in the reserve
+PUT_PROGRAMS = 4  # most programs of a put-based call that receives into the reserve (groups, rooted, p2p)
+PUT_SLOT = 16 << 10  # bytes of that receive area per program, parity and source rank: what a round moves per peer
 
 
-def _internal_bytes(world: int) -> int:
-    """Room for iris's own flags (the device barrier's, the group collectives' counters), outside heap_size."""
-    return round_up(max(4096, round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world), ALIGN)
+def _internal_bytes(world: int, puts: bool = False) -> int:
+    """Room for iris's own flags (the device barrier's, the group collectives' counters) and, where ctx.ccl moves
+    data by puts, their counters and receive area: outside heap_size."""
+    used = round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world
+    if puts:
+        used += 16 * GROUP_PROGRAMS * world + PUT_PROGRAMS * 2 * world * PUT_SLOT
+    return round_up(max(4096, used), ALIGN)
+
+
+def _ccl_puts_asked() -> bool:
+    """IRIS_CCL_PUTS=1: ctx.ccl moves data by puts although every peer is direct (tests, benchmarks)."""
+    return os.environ.get("IRIS_CCL_PUTS", "").strip() not in ("", "0")
+
+
+def _ccl_puts_expected(allocator, world: int, group) -> bool:
+    """Whether ctx.ccl may move data by puts, guessed before the heap exists (their receive area is part of the
+    reserve): asked for, or a provider that can have indirect peers, in a job whose ranks IRIS_INDIRECT_PEERS
+    names or which spans hosts."""
+    return _ccl_puts_asked() or not getattr(allocator, "one_host", True) and (
+        bool(reach.forced(world)) or len(group.ranks_by_host()) > 1)
 
 
 def _shape(size) -> torch.Size:
@@ -99,7 +118,8 @@ class Iris:
             else:
                 torch.cuda.set_device(index)
                 self.device = torch.device("cuda", index)
-            reserve = _internal_bytes(self.world)
+            puts = _ccl_puts_expected(ALLOCATORS[name], self.world, self.group)
+            reserve = _internal_bytes(self.world, puts)
             total, self._reserve = heap_size + reserve, reserve
             alloc = ALLOCATORS[name](self.driver, total, self.device, self.group)
             alloc.reserved = reserve
@@ -109,6 +129,16 @@ class Iris:
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
             if 0 in self.heap.bases or _indirect.INDIRECT_PEERS:  # kernels compiled from now on carry NVSHMEM calls
                 _use_nvshmem_device_api(self.device)
+            # whether some rank has an indirect peer: every rank must pick the same collectives
+            self._indirect_job = not getattr(ALLOCATORS[name], "one_host", True) and any(
+                self.group.allgather(0 in self.heap.bases, "indirect peers"))
+            self._ccl_puts = self._indirect_job or _ccl_puts_asked()
+            if self._ccl_puts and not puts:  # indirect peers on one host (no peer-to-peer access)
+                reserve = _internal_bytes(self.world, True)
+                warnings.warn(f"this job's ranks reach some peers only through NVSHMEM although it runs on one host: "
+                              f"ctx.ccl's receive area ({reserve - self._reserve} bytes) comes out of heap_size; "
+                              "set IRIS_CCL_PUTS=1 to add it beyond heap_size instead", stacklevel=2)
+                alloc.reserved = self._reserve = reserve
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
             self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
             self._internal.zero_()
@@ -117,6 +147,10 @@ class Iris:
             # ccl's group collectives: counter [p][s] counts the signals program p of rank s sent here
             self._group_counters = self._internal_flags(GROUP_PROGRAMS * self.world, torch.int64).view(
                 GROUP_PROGRAMS, self.world)
+            if self._ccl_puts:  # ccl's put kernel: [p][0][s] puts received from s, [p][1][s] puts s acknowledged
+                self._put_counters = self._internal_flags(2 * GROUP_PROGRAMS * self.world, torch.int64).view(
+                    GROUP_PROGRAMS, 2, self.world)
+                self._put_area = self._internal_flags(PUT_PROGRAMS * 2 * self.world * PUT_SLOT, torch.uint8)
             self._device_context = None
             self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
@@ -543,8 +577,8 @@ class Iris:
             if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
             self._imported, self._imported_at = {}, {}
-            for own in ("_internal", "_barrier_flags", "_group_counters"):  # the context's tensors must not hold it
-                self.__dict__.pop(own, None)
+            for own in ("_internal", "_barrier_flags", "_group_counters", "_put_counters", "_put_area"):
+                self.__dict__.pop(own, None)  # the context's tensors must not hold it
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
                 if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises
                     cache.forget()

@@ -47,6 +47,10 @@ class SpansHostsError(IrisError, RuntimeError):
     """The job's ranks are on several hosts, and what was asked works within one host."""
 
 
+class IndirectPeerError(IrisError, RuntimeError):
+    """A call reaches peers by load and store, and some peer of the job is indirect (heap_bases entry 0)."""
+
+
 class AddressMapError(IrisError, ValueError):
     """A peer-base table that a kernel would translate through into a wild pointer."""
 

@@ -117,6 +117,9 @@ class CCL:
         self._groups = {}   # group (or tuple of ranks) -> its ranks, or None for every rank in order
         self._members = {}  # a group's ranks -> int64 device tensor of its ranks, then their heap bases
         self._seen = None   # signals waited for, per (program, source rank): the group kernel's own counts
+        self.puts = getattr(ctx, "_ccl_puts", False)  # a job with indirect peers: put_kernel.py serves every call
+        self._put_state = None  # put_kernel's counts in this rank's memory, built once
+        self._warned = set()  # Config variants the put path stood in for, warned once
         self._lo = ctx.heap.bases[ctx.rank]
         self._hi = self._lo + ctx.heap.size
         if ctx.device.type == "cuda":
@@ -199,7 +202,7 @@ class CCL:
         iris.ccl.gluon's kernel. workspace= is accepted for Iris compatibility (plans are found by
         shape). Collective: all ranks (of the group), same order, same sizes."""
         cfg = self._config(config)
-        if cfg.use_gluon:
+        if cfg.use_gluon and self._gluon_or_puts("all_gather"):
             self._gluon("all_gather", out, inp, cfg)
             return
         ranks, w = self._group(group, "all_gather")
@@ -242,7 +245,7 @@ class CCL:
         every peer; with use_gluon=True, iris.ccl.gluon's kernel. Collective: all ranks (of the
         group), same order, same sizes."""
         cfg = self._config(config)
-        if cfg.use_gluon:
+        if cfg.use_gluon and self._gluon_or_puts("all_to_all"):
             self._gluon("all_to_all", out, inp, cfg)
             return
         ranks, w = self._group(group, "all_to_all")
@@ -366,6 +369,20 @@ class CCL:
         barrier(self.ctx, group)
 
     # -- plans -------------------------------------------------------------
+    def _gluon_or_puts(self, call) -> bool:
+        """Whether Config(use_gluon=True) runs its Gluon kernel: not where the put path serves (warned once)."""
+        if self.puts:
+            from .puts import warn_variant
+            warn_variant(self, call, "use_gluon", True)
+        return not self.puts
+
+    def _plan_puts(self, kind, out, inp, ranks, op, cfg, root=0, whole=False):
+        """put_kernel's plan for one call shape (iris/ccl/puts.py)."""
+        from .puts import knobs, plan_args, put_kernel
+        programs, warps, workspace, args = plan_args(self, kind, out, inp, ranks, knobs(cfg), op.value, root, cfg=cfg,
+                                                     whole=whole)
+        return _Plan(put_kernel, (programs,), self._options(cfg, warps), workspace, "put", **args)
+
     def _config(self, config) -> Config:
         """config, or this context's default, validated as it stands now (Config.key() checks it)."""
         cfg = config or self._default
@@ -406,7 +423,14 @@ class CCL:
         if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
             self._check(mode, out, inp, want)
             cfg.validate(self.ctx.world)
-            if mode == "ag" and cfg.all_gather_variant == "ring":
+            if self.puts:
+                from .puts import warn_variant
+                if mode == "ag" and cfg.all_gather_variant != "pull":
+                    warn_variant(self, "all_gather", "all_gather_variant", cfg.all_gather_variant)
+                elif mode in ("rs", "rst") and cfg.reduce_scatter_variant == "ring_chunked":
+                    warn_variant(self, "reduce_scatter", "reduce_scatter_variant", cfg.reduce_scatter_variant)
+                plan = self._plan_puts(mode, out, inp, None, op, cfg, src, whole=True)
+            elif mode == "ag" and cfg.all_gather_variant == "ring":
                 plan = self._plan_ring_gather(out, inp, cfg)
             elif mode == "ag" and cfg.all_gather_variant != "pull":
                 plan = self._plan_gather_push(out, inp, cfg)
@@ -443,6 +467,12 @@ class CCL:
             raise CollectiveError(f"all_gather(group= of ranks {list(ranks)}) cannot run in place: the peers read inp "
                                   "at their own heap offset, and inp inside out sits at another offset on every rank; "
                                   "pass a separate heap inp")
+        if self.puts:  # peers receive puts: nothing reads inp in place, so in place needs no scratch
+            if plan is None:
+                plan = self.plans[key] = self._plan_puts(mode, out, inp, ranks, op, cfg,
+                                                         ranks.index(src) if mode == "bc" else 0)
+            plan(out, inp)
+            return
         if plan is None:
             plan = self.plans[key] = self._plan_group(mode, out, inp, ranks, op, cfg, src)
         if staged and not plan.workspace:
@@ -524,14 +554,16 @@ class CCL:
         if cfg.use_gluon:
             raise ConfigError("all_reduce has no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
         n, w = inp.numel(), self.ctx.world
-        variant = cfg.all_reduce_variant
-        if variant == "auto":
-            limit = cfg.one_shot_max_bytes or (4 * _MiB if w <= 2 else 256 * _KiB)
-            variant = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot_push"
+        limit = cfg.one_shot_max_bytes or (4 * _MiB if w <= 2 else 256 * _KiB)
+        auto = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot_push"
+        variant = auto if cfg.all_reduce_variant == "auto" else cfg.all_reduce_variant
         if variant in ("atomic", "spinlock") and op != ReduceOp.SUM:
             raise CollectiveError(f"all_reduce: Config.all_reduce_variant={variant!r} adds into a zeroed buffer, so "
                                   f"it reduces with sum only, not {op.value}; pick 'one_shot', 'two_shot', 'ring' or "
                                   "'auto'")
+        if self.puts:
+            from .puts import all_reduce_kind
+            return self._plan_puts(all_reduce_kind(self, variant, auto), out, inp, None, op, cfg, whole=True)
         self._ready()
         if variant == "one_shot":
             return self._plan_pull("ar", out, inp, op, cfg)

@@ -17,7 +17,7 @@ import torch
 
 from .collectives import CollectiveError
 from .pair_kernels import barrier_kernel, mailbox_kernel, p2p_kernel
-from .rooted import Plan, knobs, members_of, on_heap, overlap, pair_state, position, ranks_of, split, tensor
+from .rooted import Plan, knobs, members_of, on_heap, overlap, pair_state, position, puts_plan, ranks_of, split, tensor
 
 PROGRAMS = 128  # the most programs of a mailbox transfer: each keeps its own counts per rank
 
@@ -141,6 +141,9 @@ def barrier(ctx, group=None) -> None:
         return
     key = ("barrier", ranks)
     plan = ccl.plans.get(key)
+    if plan is None and ccl.puts:
+        flags = ccl.ctx._put_counters.view(torch.float32)  # a barrier moves no data: the fp32 kernel serves
+        plan = ccl.plans[key] = puts_plan(ccl, "barrier", flags, flags, ranks, (0, 0, 1, 0))
     if plan is None:
         ccl._ready("the first barrier of a group builds small device tensors", "call it once")
         counters, seen = pair_state(ccl)
@@ -172,7 +175,7 @@ def _mail(ccl, send, t, peer, state, group, config) -> None:
         plan = ccl.plans[key] = Plan(mailbox_kernel, programs, knob[1] or 8, src=t, dst=slot, sent=state.sent,
                                      acked=state.acked, counts=state.counts[send], heap_bases=ccl.ctx.get_heap_bases(),
                                      n=t.numel(), per=per, rank=ccl.ctx.rank, peer=ranks[pos], world=ccl.ctx.world,
-                                     SEND=send, BLOCK=block, SPIN=knob[3])
+                                     SEND=send, BLOCK=block, SPIN=knob[3], FAR=ccl.puts)
     if send:
         plan(t, slot)
     elif t.is_contiguous():
@@ -215,6 +218,8 @@ def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
         if overlap(src_t, dst_t):
             raise CollectiveError(f"{call}: send tensor overlaps recv tensor, which the source writes while this "
                                   "rank reads the send tensor; pass separate tensors")
+    if plan is None and ccl.puts:
+        plan = ccl.plans[key] = puts_plan(ccl, "p2p", dst_t, src_t, None, knob, to=g_to, frm=g_frm)
     if plan is None:
         ccl._ready(f"the first {call} at a new shape and peer builds small device tensors", "call it once")
         counters, seen = pair_state(ccl)

@@ -15,6 +15,8 @@ calls in the same order (NCCL's rule), whatever other ranks do in between.
 import triton
 import triton.language as tl
 
+from ..device.atomics import atomic_add
+from ..device.rma import put
 from .group_kernel import _meet
 from .kernels import _await, _peer_offset, _reduce_ranks
 
@@ -123,7 +125,7 @@ def barrier_kernel(members, counters, seen, me, rank, world, GROUP: tl.constexpr
 
 @triton.jit(do_not_specialize=["rank", "peer"])
 def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer, world, SEND: tl.constexpr,
-                   BLOCK: tl.constexpr, SPIN: tl.constexpr):
+                   BLOCK: tl.constexpr, SPIN: tl.constexpr, FAR: tl.constexpr = False):
     """One message of the mailbox form of send/recv (iris.ccl.p2p.P2PState), program p moving elements
     [p * per, (p + 1) * per) of n. SEND: once program p of `peer` has acknowledged this rank's previous
     message, stores src (this rank's memory) into dst, this rank's slot of peer's mailbox (an address
@@ -134,7 +136,8 @@ def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer
     (batch_isend_irecv) cannot wait on each other. sent, acked: (programs, world) int64 on the heap;
     counts[p][peer]: messages this rank sent to (SEND) or received from peer, in this rank's device
     memory and advanced by the kernel, so CUDA graph replays advance it too. SPIN: Config.spin_limit,
-    giving up marks counts[p][rank] (a slot no peer uses) with -1."""
+    giving up marks counts[p][rank] (a slot no peer uses) with -1. FAR (a job with indirect peers): the
+    peer's memory is reached through iris.put and iris.atomic_add, which take NVSHMEM's path to it."""
     VEC: tl.constexpr = 16 // (dst.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
     mine = tl.load(heap_bases + rank)
@@ -144,7 +147,8 @@ def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer
     one = tl.zeros([1], tl.int32)
     if SEND:
         _await(acked + pid * world + peer + one, one == 0, e - 1, counts + pid * world + rank, SPIN)
-        dst += _peer_offset(heap_bases, peer, mine, VEC)
+        if not FAR:
+            dst += _peer_offset(heap_bases, peer, mine, VEC)
     else:
         _await(sent + pid * world + peer + one, one == 0, e, counts + pid * world + rank, SPIN)
     tl.debug_barrier()
@@ -152,10 +156,14 @@ def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer
     hi = tl.minimum(lo + per, n)
     for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
-        tl.store(dst + o, tl.load(src + o, mask=o < n, volatile=True), mask=o < n)  # a peer's stores, on recv
+        if FAR and SEND:
+            put(src + o, dst + o, rank, peer, heap_bases, mask=o < n)
+        else:
+            tl.store(dst + o, tl.load(src + o, mask=o < n, volatile=True), mask=o < n)  # a peer's stores, on recv
     tl.debug_barrier()
-    if SEND:
-        tl.atomic_add(sent + pid * world + rank + delta, 1, sem="release", scope="sys")
+    count_at = (sent if SEND else acked) + pid * world + rank
+    if FAR:
+        atomic_add(count_at, 1, rank, peer, heap_bases, sem="release", scope="sys")
     else:
-        tl.atomic_add(acked + pid * world + rank + delta, 1, sem="release", scope="sys")
+        tl.atomic_add(count_at + delta, 1, sem="release", scope="sys")
     tl.store(count, e)

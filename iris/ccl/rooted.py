@@ -179,8 +179,16 @@ def _rooted(ccl, mode, out, inp, root, role, group, config, op) -> None:
                     "gather": "the root reads inp at the same heap offset on every rank, and inp inside out sits "
                               "at another offset on each; pass a separate heap inp"}[mode])
     if plan is None:
-        plan = ccl.plans[key] = _plan(ccl, mode, out, inp, ranks, root, op, knob)
+        plan = ccl.plans[key] = (puts_plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
+                                 _plan(ccl, mode, out, inp, ranks, root, op, knob))
     plan(inp, out)
+
+
+def puts_plan(ccl, kind, out, inp, ranks, knob, op="sum", root=0, to=-1, frm=-1) -> Plan:
+    """put_kernel's plan (a job with indirect peers, iris/ccl/puts.py), receiving into iris's reserve."""
+    from .puts import plan_args, put_kernel
+    programs, warps, _, args = plan_args(ccl, kind, out, inp, ranks, knob, op, root, to, frm)
+    return Plan(put_kernel, programs, warps, **args)
 
 
 def _check_shapes(mode, out, inp, g) -> None:

@@ -32,6 +32,7 @@ from . import matmul_all_gather as _mag
 from . import matmul_reduce as _mr
 from . import owned_tiles as _ot
 from . import streamed as _st
+from ..errors import IndirectPeerError
 from .config import FusedConfig
 from .gemm import interpreted, matmul
 from .workspace import FusedWorkspace
@@ -116,6 +117,11 @@ class OpsNamespace:
     def _kind(self, kind, output, A, B, config) -> str:
         """The op's layout and algorithm from the shapes and config, checked (before any allocation)."""
         w = self._ctx.world
+        if getattr(self._ctx, "_indirect_job", False):
+            raise IndirectPeerError("iris.ops: its fused GEMMs load and store into peers' memory directly, "
+                                    "and some rank of this job has an indirect peer (another node, or "
+                                    "IRIS_INDIRECT_PEERS); run the GEMM with torch and the communication with "
+                                    "ctx.ccl, which reaches indirect peers")
         if config is not None:
             config.validate(w)
         if kind == "ag":
