@@ -33,6 +33,7 @@ from common import captured, sync, timed, write_result  # noqa: E402
 
 import iris  # noqa: E402
 from iris.ccl import Config, ReduceOp  # noqa: E402
+from iris.device import nvshmem as nv  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK, CALLS = 4096, 10
@@ -48,6 +49,13 @@ def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, PUT: tl.
             iris.put(src + o, dst + o, me, peer, heap_bases)
         else:
             iris.get(src + o, dst + o, me, peer, heap_bases)
+
+
+@triton.jit
+def nvshmem_put_kernel(src, dst, n, peer, BLOCK: tl.constexpr):
+    """The control: NVSHMEM's block put of each tile called directly, without iris's device functions."""
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        nv.putmem_block((dst + start).to(tl.int64), (src + start).to(tl.int64), BLOCK * 4, tl.cast(peer, tl.int32))
 
 
 def _graph_us(dev, fn, reps):
@@ -201,7 +209,8 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
 
 
 def _shapes(ctx, src, dst, tables, sms, max_mib):
-    """Eager µs of a put through each table at large sizes, by programs per SM and warps per program."""
+    """Eager µs of a put through each table at large sizes, by programs per SM and warps per program, and
+    of the same tiles moved by NVSHMEM's block put called directly (the control: what NVSHMEM itself costs)."""
     me, dev, rows = ctx.get_rank(), ctx.get_device(), []
     for nbytes in (b for b in (16 * MiB, 256 * MiB) if b <= max_mib * MiB):
         for per_sm in (1, 4, 16):
@@ -211,6 +220,9 @@ def _shapes(ctx, src, dst, tables, sms, max_mib):
                     fn = (lambda t=table: copy_kernel[(sms * per_sm,)](src, dst, nbytes // 4, me, 1 - me, t, BLOCK=BLOCK,
                                                                       PUT=True, num_warps=warps))
                     row[f"{how}_put_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
+                fn = (lambda: nvshmem_put_kernel[(sms * per_sm,)](src, dst, nbytes // 4, 1 - me, BLOCK=BLOCK,
+                                                                  num_warps=warps))
+                row["nvshmem_block_put_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
                 rows.append(row)
                 print(f"{time.strftime('%H:%M:%S')} shape: " + ", ".join(
                     f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)

@@ -232,18 +232,22 @@ def main() -> None:
     ap.add_argument("--allocators", default=",".join(ALLOCATORS), help="comma-separated, of " + ", ".join(ALLOCATORS))
     ap.add_argument("--alloc-sizes", default=None,
                     help="comma-separated byte counts: time only ctx.empty + ctx.free, in this order")
+    ap.add_argument("--world", type=int, default=2, help="ranks, with --alloc-sizes (1: no other rank shares the "
+                    "host and GPU while allocation is timed)")
     args = ap.parse_args()
+    if args.world != 2 and not args.alloc_sizes:
+        ap.error("--world other than 2 needs --alloc-sizes (bandwidth runs rank 0 against rank 1)")
     alloc_sizes = [int(x) for x in args.alloc_sizes.split(",")] if args.alloc_sizes else None
     allocators = tuple(args.allocators.split(","))
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    per_rank = iris.spawn(rank_main, 2, args=(args.quick, port, alloc_sizes, allocators), timeout=590)
+    per_rank = iris.spawn(rank_main, args.world, args=(args.quick, port, alloc_sizes, allocators), timeout=590)
     r = per_rank[0]
     if alloc_sizes:
-        path = write_result("providers", {"world_size": 2, "ranks_per_gpu": 2, "alloc_only": per_rank},
-                            args.out or os.path.join(RESULTS, "providers-alloc-gpu-2ranks.json"))
+        path = write_result("providers", {"world_size": args.world, "ranks_per_gpu": args.world, "alloc_only": per_rank},
+                            args.out or os.path.join(RESULTS, f"providers-alloc-gpu-{args.world}ranks.json"))
         print(path)
         for name in allocators:
             print(name, [(k, v["ratio"], v["view_only_us"]) for r_ in per_rank for k, v in r_["allocators"][name]["alloc"].items()])

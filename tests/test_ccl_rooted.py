@@ -16,7 +16,7 @@ import torch
 import iris
 from iris.ccl import CollectiveError, Config, ReduceOp
 from iris.ccl.p2p import P2POp, irecv, isend
-from test_ccl import POISON, _data, _poisoned, _reduce, _same, wrong_errors
+from test_ccl import POISON, _data, _poisoned, _progress, _reduce, _same, wrong_errors
 from test_ccl_groups import OPS, Slots, _dist
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,7 +214,7 @@ def check_mailbox(ctx, cfg, rep, dtype=torch.float32, cap=64):
         (lambda: ccl.send(plain.int(), dst=(r + 1) % w, p2p_state=box), CollectiveError, "mailbox holds up to"),
         (lambda: ccl.recv(torch.ones(cap + 1, device=dev), src=(r + 1) % w, p2p_state=box), CollectiveError,
          "init_p2p(max_numel"),
-        (lambda: ccl.send(torch.ones(4, 3, device=dev).t(), dst=(r + 1) % w, p2p_state=box), CollectiveError,
+        (lambda: ccl.send(torch.ones(4, 3, dtype=dtype, device=dev).t(), dst=(r + 1) % w, p2p_state=box), CollectiveError,
          "contiguous"),
         (lambda: ccl.batch_isend_irecv([P2POp(print, plain, 0)], box), CollectiveError, "isend, irecv"),
         (lambda: ccl.init_p2p(max_numel=0), CollectiveError, "max_numel must be"),
@@ -327,6 +327,7 @@ def rank_mailbox_gpu(replays):
     bad = []
     for rep in range(3):
         bad += check_mailbox(ctx, None, rep, torch.bfloat16, cap=(1 << 20) + 3)
+        _progress(ctx, f"mailbox round {rep} checked")
     box, n = ccl.init_p2p(max_numel=1 << 16, dtype=torch.bfloat16), (1 << 16) - 5
     send, got = torch.empty(n, dtype=torch.bfloat16, device=dev), torch.empty(n, dtype=torch.bfloat16, device=dev)
     ring = [P2POp(isend, send, (r + 1) % w), P2POp(irecv, got, (r - 1) % w)]
@@ -342,6 +343,7 @@ def rank_mailbox_gpu(replays):
         torch.cuda.synchronize()
         if not _same(got, _data((n,), torch.bfloat16, (r - 1) % w, 50 + rep, dev)):
             bad.append(("mailbox graph replay", rep))
+    _progress(ctx, "mailbox graph checked")
     ctx.barrier()
     ctx.close()
     return bad
