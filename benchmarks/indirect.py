@@ -55,7 +55,8 @@ def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, PUT: tl.
 def nvshmem_put_kernel(src, dst, n, peer, BLOCK: tl.constexpr):
     """The control: NVSHMEM's block put of each tile called directly, without iris's device functions."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        nv.putmem_block((dst + start).to(tl.int64), (src + start).to(tl.int64), BLOCK * 4, tl.cast(peer, tl.int32))
+        nv.putmem_block((dst + start).to(tl.int64), (src + start).to(tl.int64), tl.full([], BLOCK * 4, tl.int64),
+                        tl.cast(peer, tl.int32))
 
 
 def _graph_us(dev, fn, reps):
