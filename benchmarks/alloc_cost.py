@@ -146,7 +146,7 @@ def sweep(args):
     """Allocation cost against the heap's state; torch.empty + del of the same size as reference."""
     nbytes, reps = args.request_kib << 10, args.reps
     rows = []
-    for allocator in ("torch", "vmem"):
+    for allocator in args.allocators.split(","):
         for live, holes in args.states:
             heap = (3 * (max(live, holes + 1) * 4096 + holes * nbytes // 2) // 2 + (64 << 20)) & -(1 << 21)
             with iris.iris(heap_size=heap, allocator=allocator) as ctx:
@@ -156,7 +156,7 @@ def sweep(args):
                 del warm
                 ctx.barrier()
                 rows.append(_row(ctx, allocator, nbytes, reps, live_blocks=len(keep), holes=holes,
-                                 segments=len(ctx.heap.alloc.segments) if allocator == "vmem" else 1))
+                                 segments=len(getattr(ctx.heap.alloc, "segments", ())) or 1))
                 del keep
     chunk = args.chunk_kib << 10
     for segments in args.segments:
@@ -198,7 +198,8 @@ def main():
     ap.add_argument("--states", type=_state, nargs="+",
                     default=[_state(s) for s in ("1e2:10", "1e2:1e2", "1e3:1e3", "1e4:1e4", "1e5:1e2", "1e5:5e4")],
                     help="live:holes pairs for --sweep")
-    ap.add_argument("--segments", type=int, nargs="+", default=[100, 1000, 10000, 50000],
+    ap.add_argument("--allocators", default="torch,vmem", help="comma-separated allocators of the --states sweep")
+    ap.add_argument("--segments", type=int, nargs="*", default=[100, 1000, 10000, 50000],
                     help="backed segments of a 100 GiB vmem heap for --sweep")
     ap.add_argument("--chunk-kib", type=int, default=2048,
                     help="vmem chunk for the segments sweep (the driver's granularity at least)")
