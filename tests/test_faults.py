@@ -1,4 +1,4 @@
-"""Faults and bad inputs, each answered by a clear error with nothing leaked: 59 cases in 47 tests.
+"""Faults and bad inputs, each answered by a clear error with nothing leaked: 60 cases in 48 tests.
 
 Real ranks (iris.spawn, python -m iris.run) wherever the fault needs peers; those run on the host
 driver everywhere (the faults are the bootstrap's), the argument sweep on this machine's platform.
@@ -11,10 +11,10 @@ driver everywhere (the faults are the bootstrap's), the argument sweep on this m
       close() compares digests and names each rank's own divergent call.
   launchers (2): iris.run names the killed rank, its signal and its last stderr lines;
       iris.spawn of a lambda says to define fn at module level.
-  arguments (33): IRIS_TIMEOUT (4) and timeout= (5); dtypes, quantized dtypes, requires_grad on
+  arguments (34): IRIS_TIMEOUT (4) and timeout= (5); dtypes, quantized dtypes, requires_grad on
       integers, overflowing sizes, free of a non-tensor (12); Python types as dtypes (1); seven
       calls on a closed context and a second close (8); vmem rounding, a reservation past the
-      address space, the cuda platform without cuda-bindings (3).
+      address space, the cuda platform without cuda-bindings or without a driver (4).
   IRIS_DEBUG (10): on, a rank outside [0, world), a pointer past the heap, a copied heap_bases are
       caught and a valid access works, through heap_bases and a DeviceContext (6); off, nothing is
       checked (3); on a GPU (1, marker gpu).
@@ -415,6 +415,26 @@ def test_reservation_past_the_address_space_says_what_to_do():
     with pytest.raises(iris.DriverError, match="use a smaller heap_size"):
         iris.iris(heap_size=1 << 60, allocator="vmem")
     assert _iris_maps() == maps
+
+
+def _cuda_driver_loads() -> bool:
+    from cuda.bindings import driver as cu
+    try:
+        cu.cuInit(0)
+    except RuntimeError:  # cuda-bindings' loader: no libcuda here
+        return False
+    return True
+
+
+def test_cuda_platform_without_driver_says_so():
+    """cuda-bindings installed, no NVIDIA driver: a DriverError naming the driver and the fix."""
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed (the test extra installs it)")
+    if _cuda_driver_loads():
+        pytest.skip("an NVIDIA driver is installed here")
+    maps = _iris_maps()
+    with pytest.raises(iris.DriverError, match=r"cuInit failed .*NVIDIA driver.*IRIS_PLATFORM=host") as e:
+        iris.iris(heap_size=1 << 22, platform="cuda")
+    assert e.value.call == "cuInit" and _iris_maps() == maps
 
 
 def test_cuda_platform_without_bindings_says_what_to_install(monkeypatch):
