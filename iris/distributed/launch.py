@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing as mp
 from multiprocessing import reduction
 import pickle
@@ -170,6 +171,7 @@ def _is_open(fd: int) -> bool:
 def _child(payload, env, streams, rank, world, socket_dir, secret, results):
     """One rank: the caller's environment and stdout/stderr, then fn(*args), unpickled only now so
     that every module it imports sees that environment, as in a fresh process."""
+    gc.freeze()  # what the fork server imported lives as long as the rank: collections need not walk it
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(job_env(rank, world, socket_dir, secret))
