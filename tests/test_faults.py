@@ -543,8 +543,8 @@ def test_debug_mode_off_checks_nothing(debug_runs, case):
 
 @pytest.mark.gpu
 def test_debug_mode_on_gpu(tmp_path):
-    """On a GPU, debug mode traps in the kernel (device_assert) and prints the bad value; off, the
-    compiled kernel holds no assert at all."""
+    """On a GPU, debug mode traps in the kernel (device_assert) and prints the bad value, and lets a
+    DeviceContext's valid store through; off, the compiled kernel holds no assert at all."""
     script = tmp_path / "gpu_poke.py"
     script.write_text(textwrap.dedent("""\
         import sys, torch, triton, triton.language as tl, iris
@@ -554,12 +554,21 @@ def test_debug_mode_on_gpu(tmp_path):
             offs = tl.arange(0, N)
             iris.store(x + offs, offs.to(tl.float32) + 1, 0, to_rank, heap_bases)
 
+        @triton.jit
+        def poke_context(x, context, N: tl.constexpr):
+            offs = tl.arange(0, N)
+            iris.DeviceContext.initialize(context, 0, 1).store(x + offs, offs.to(tl.float32) + 2, 0)
+
         ctx = iris.iris(heap_size=1 << 22)
         x = ctx.full((16,), -7.0)
         k = poke[(1,)](x, 0, ctx.get_heap_bases(), N=16)
         torch.cuda.synchronize()
         print("WRITTEN", torch.equal(x, torch.arange(16, dtype=torch.float32, device=x.device) + 1))
         print("ASSERTS", k.asm["ttir"].count("tt.assert"))
+        k = poke_context[(1,)](x, ctx.get_device_context(), N=16)
+        torch.cuda.synchronize()
+        print("DEVICE CONTEXT STORED", torch.equal(x, torch.arange(16, dtype=torch.float32, device=x.device) + 2))
+        print("DEVICE CONTEXT CHECKS", k.asm["ttir"].count("tt.assert"))
         poke[(1,)](x, int(sys.argv[1]), ctx.get_heap_bases(), N=16)
         torch.cuda.synchronize()
         print("SURVIVED")
@@ -569,8 +578,10 @@ def test_debug_mode_on_gpu(tmp_path):
                         text=True, timeout=300)
     out = on.stdout + on.stderr
     assert "WRITTEN True" in out and "ASSERTS 0" not in out, out
+    assert "DEVICE CONTEXT STORED True" in out and "DEVICE CONTEXT CHECKS 0" not in out, out
     assert on.returncode != 0 and "SURVIVED" not in out and "a rank outside [0, world)" in out, out
     off = subprocess.run([sys.executable, str(script), "0"], env=dict(env, IRIS_DEBUG="0"), capture_output=True,
                          text=True, timeout=300)
     out = off.stdout + off.stderr
     assert off.returncode == 0 and "WRITTEN True" in out and "ASSERTS 0" in out and "SURVIVED" in out, out
+    assert "DEVICE CONTEXT STORED True" in out and "DEVICE CONTEXT CHECKS 0" in out, out
