@@ -1,11 +1,14 @@
 """A traced all-gather: every rank puts its rows into every rank's output with a DeviceContext built
 with tracing=True; ctx.tracing records each put (rank, SM, start and end, bytes) and export() writes
-Chrome/Perfetto JSON, per rank and merged on rank 0 on one clock.
+Chrome/Perfetto JSON, per rank and merged on rank 0 on one clock, to the path given or else into a
+new temporary folder (the working directory is left as it was); rank 0 prints where.
 
     python -m iris.run -n 2 examples/32_trace_all_gather.py [trace.json]
     iris trace trace.json        # a PNG timeline per rank and SM; or open trace.json in ui.perfetto.dev
 """
+import os
 import sys
+import tempfile
 
 import torch
 import triton
@@ -26,9 +29,13 @@ def all_gather_kernel(context, inp, out, rows, cols, rank: tl.constexpr, world: 
 
 
 def main() -> int:
-    filename = sys.argv[1] if len(sys.argv) > 1 else "trace.json"
     ctx = iris.iris(heap_size=1 << 26)
     rank, world = ctx.get_rank(), ctx.get_num_ranks()
+    if len(sys.argv) > 1:
+        filename = sys.argv[1]
+    else:  # one folder for every rank's file: rank 0 makes it
+        folder = ctx.broadcast(tempfile.mkdtemp(prefix="iris-trace-") if rank == 0 else None)
+        filename = os.path.join(folder, "trace.json")
     on_gpu = ctx.get_device().type == "cuda"
     rows, cols, block = (1024, 1024, 4096) if on_gpu else (8, 64, 128)  # the interpreter is slow
     inp = ctx.full((rows, cols), float(rank + 1), dtype=torch.float32)

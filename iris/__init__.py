@@ -1,6 +1,15 @@
-"""iris: multi-GPU programming in Triton over a symmetric heap."""
-import os as _os
+"""iris: multi-GPU programming in Triton over a symmetric heap.
 
+The public names load on first use, so a process that only launches ranks (`python -m iris.run`,
+`iris run`) or reads `--help` starts without torch and Triton. The platform is decided here, at
+import: on the host, Triton's interpreter must be on before any kernel (iris's or the caller's) is
+defined.
+"""
+import os as _os
+from importlib import import_module as _import_module, util as _util
+
+from .errors import (BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory, IrisError,
+                     SymmetryError)
 from .platform import detect as _detect
 
 try:
@@ -10,16 +19,30 @@ except ValueError:  # a bad IRIS_PLATFORM: iris.iris() and `iris info` report it
 if _host:  # kernels over host memory run in Triton's interpreter
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from .context import Iris, iris  # noqa: E402
-from .logging import DEBUG, ERROR, INFO, WARNING, logger, set_logger_level  # noqa: E402
-from .timing import do_bench  # noqa: E402
-from .distributed import launch, spawn  # noqa: E402
-from .device import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_sub,  # noqa: E402
-                     atomic_xchg, atomic_xor, barrier_kernel, copy, get, load, put, signal, store, translate, wait)
-from .device.context import DeviceContext  # noqa: E402
-from .tracing import TraceEvent  # noqa: E402
-from .errors import (BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory, IrisError,  # noqa: E402
-                     SymmetryError)
+_DEVICE = ["atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",
+           "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "get", "load", "put", "signal", "store",
+           "translate", "wait"]
+_SOURCES = {"Iris": ".context", "iris": ".context", "DEBUG": ".logging", "ERROR": ".logging", "INFO": ".logging",
+            "WARNING": ".logging", "logger": ".logging", "set_logger_level": ".logging", "do_bench": ".timing",
+            "launch": ".distributed", "spawn": ".distributed", "DeviceContext": ".device.context",
+            "TraceEvent": ".tracing", **{name: ".device" for name in _DEVICE}}
+
+
+def __getattr__(name):
+    """A public name from the module that defines it, or a subpackage (iris.ccl), on first use."""
+    if name in _SOURCES:
+        value = getattr(_import_module(_SOURCES[name], __name__), name)
+    elif not name.startswith("_") and _util.find_spec(f"{__name__}.{name}") is not None:
+        value = _import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'iris' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SOURCES))
+
 
 __all__ = ["BootstrapError", "CaptureError", "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR",
            "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",

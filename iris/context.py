@@ -19,6 +19,7 @@ from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .device import indirect as _indirect
+from .device.translate import HIDDEN, bases_table
 from .heap import SymmetricHeap, reach
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
@@ -211,10 +212,9 @@ class Iris:
         """int64 tensor [rank, world, heap_base_0, ..., 3 trace slots] on the heap's device, for
         iris.DeviceContext.initialize(context, rank, world_size) in a kernel. Built once (tracing
         updates its slots in place): a CUDA graph that captured a kernel taking it stays valid."""
-        if self._device_context is None:
-            self._device_context = torch.cat([torch.tensor([self.rank, self.world], dtype=torch.int64,
-                                                           device=self.device), self.heap.heap_bases,
-                                              self.tracing.slots()])
+        if self._device_context is None:  # IRIS_DEBUG's hidden entries sit before it, as before heap_bases
+            table = bases_table(self.heap.bases, self.heap.size, self.rank, self.device, self.tracing.slots().tolist())
+            self._device_context = table[HIDDEN - 2:]
         return self._device_context
 
     @cached_property

@@ -219,6 +219,7 @@ def test_reduce_scatter(distribution, variant="two_shot", dtype=torch.float32, M
 
 
 def _worker(rank, world_size, port):
+    gc.freeze()  # the imports live as long as the rank: each test's gc.collect() then walks only its own objects
     dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
     for variant in ("atomic", "ring", "two_shot", "one_shot", "spinlock"):
         for dtype in (torch.float16, torch.float32, torch.bfloat16):
@@ -236,6 +237,7 @@ def _worker(rank, world_size, port):
             test_reduce_scatter(1, variant, dtype, 40, 64, 8, 16)
     print(f"rank {rank}: OK", flush=True)
     dist.destroy_process_group()
+    gc.unfreeze()  # collected at exit as usual, so Triton's bindings see their objects freed
 
 
 if __name__ == "__main__":

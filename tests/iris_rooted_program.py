@@ -406,6 +406,7 @@ def test_barrier_with_all_reduce():
 
 
 def _worker(rank, world_size, port):
+    gc.freeze()  # the imports live as long as the rank: each test's gc.collect() then walks only its own objects
     dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
     for dtype in (torch.float16, torch.float32, torch.bfloat16):
         for numel in (1, 1000):
@@ -434,6 +435,7 @@ def _worker(rank, world_size, port):
     test_barrier_with_all_reduce()
     print(f"rank {rank}: OK", flush=True)
     dist.destroy_process_group()
+    gc.unfreeze()  # collected at exit as usual, so Triton's bindings see their objects freed
 
 
 if __name__ == "__main__":

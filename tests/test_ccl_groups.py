@@ -3,6 +3,7 @@ in the interpreter) and on GPUs. Outputs are poisoned before every call and chec
 every call overwrites the inp its peers just read, so a missing "done" signal shows as wrong data."""
 import math
 import os
+import socket
 
 import pytest
 import torch
@@ -14,10 +15,19 @@ from test_ccl import POISON, _data, _poisoned, _reduce, _same, graph_wrong, wron
 OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _dist(ctx):
+    """gloo beside the heap, on a port rank 0 found free: jobs of tests running side by side (pytest
+    workers) must not meet on one port."""
     import torch.distributed as dist
+    port = ctx.broadcast(_free_port() if ctx.rank == 0 else None)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + sum(map(ord, os.environ.get("IRIS_SOCKET_DIR", ""))) % 20000))
+    os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world)
     return dist
 

@@ -585,12 +585,19 @@ def _assert_ok(failures):
 
 # -- tests -------------------------------------------------------------------------------------------
 WORLDS = [2, 3, 4]
+# 3 is the world that is not a power of two: translate's and the device barrier's blocks of ranks then
+# have padded lanes, masked off, which 2 and 4 never have. The other checks take the same paths at 3
+# ranks as at 4 (a third rank beside caller and peer, a ring whose neighbours differ): they run at 2 and 4.
+PADDED = ("translate", "device_barrier")
 
 
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("check", CPU_CHECKS)
+def _worlds(check):
+    return [w for w in WORLDS if w != 3 or check in PADDED]
+
+
+@pytest.mark.parametrize("check,world", [(c, w) for c in CPU_CHECKS for w in _worlds(c)])
 def test_device(check, world):
-    _assert_ok(_run(world, CPU_CHECKS)[check])
+    _assert_ok(_run(world, CPU_CHECKS if world != 3 else PADDED)[check])
 
 
 def test_device_vmem_allocator():

@@ -21,12 +21,15 @@ def test_examples_are_found():
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
-def test_example_runs_on_two_ranks(example):
+def test_example_runs_on_two_ranks(example, tmp_path):
+    """Run from an empty folder, which must stay empty: an example writes only where it says."""
     env = {k: v for k, v in os.environ.items() if k not in ("IRIS_ALLOCATOR", "IRIS_CHECK_SYMMETRY")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "iris.run", "-n", "2", str(example)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "iris.run", "-n", "2", str(example)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [], f"the example left {left} in its working directory"
     lines = proc.stdout.split("\n")
     assert lines[-1] == "" and len(lines) > 1 and "" not in lines[:-1], repr(proc.stdout)
     if example.stem == "00_heap_basics":

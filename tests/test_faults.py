@@ -1,4 +1,4 @@
-"""Faults and bad inputs, each answered by a clear error with nothing leaked: 56 cases in 44 tests.
+"""Faults and bad inputs, each answered by a clear error with nothing leaked: 60 cases in 48 tests.
 
 Real ranks (iris.spawn, python -m iris.run) wherever the fault needs peers; those run on the host
 driver everywhere (the faults are the bootstrap's), the argument sweep on this machine's platform.
@@ -11,12 +11,13 @@ driver everywhere (the faults are the bootstrap's), the argument sweep on this m
       close() compares digests and names each rank's own divergent call.
   launchers (2): iris.run names the killed rank, its signal and its last stderr lines;
       iris.spawn of a lambda says to define fn at module level.
-  arguments (33): IRIS_TIMEOUT (4) and timeout= (5); dtypes, quantized dtypes, requires_grad on
+  arguments (34): IRIS_TIMEOUT (4) and timeout= (5); dtypes, quantized dtypes, requires_grad on
       integers, overflowing sizes, free of a non-tensor (12); Python types as dtypes (1); seven
       calls on a closed context and a second close (8); vmem rounding, a reservation past the
-      address space, the cuda platform without cuda-bindings (3).
-  IRIS_DEBUG (7): on, a rank outside [0, world), a pointer past the heap, a copied heap_bases are
-      caught and a valid access works (4); off, nothing is checked (2); on a GPU (1, marker gpu).
+      address space, the cuda platform without cuda-bindings or without a driver (4).
+  IRIS_DEBUG (10): on, a rank outside [0, world), a pointer past the heap, a copied heap_bases are
+      caught and a valid access works, through heap_bases and a DeviceContext (6); off, nothing is
+      checked (3); on a GPU (1, marker gpu).
 """
 import contextlib
 import gc
@@ -416,6 +417,26 @@ def test_reservation_past_the_address_space_says_what_to_do():
     assert _iris_maps() == maps
 
 
+def _cuda_driver_loads() -> bool:
+    from cuda.bindings import driver as cu
+    try:
+        cu.cuInit(0)
+    except RuntimeError:  # cuda-bindings' loader: no libcuda here
+        return False
+    return True
+
+
+def test_cuda_platform_without_driver_says_so():
+    """cuda-bindings installed, no NVIDIA driver: a DriverError naming the driver and the fix."""
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed (the test extra installs it)")
+    if _cuda_driver_loads():
+        pytest.skip("an NVIDIA driver is installed here")
+    maps = _iris_maps()
+    with pytest.raises(iris.DriverError, match=r"cuInit failed .*NVIDIA driver.*IRIS_PLATFORM=host") as e:
+        iris.iris(heap_size=1 << 22, platform="cuda")
+    assert e.value.call == "cuInit" and _iris_maps() == maps
+
+
 def test_cuda_platform_without_bindings_says_what_to_install(monkeypatch):
     for name in ("cuda", "cuda.bindings", "cuda.bindings.driver"):  # as if cuda-bindings were not installed
         monkeypatch.setitem(sys.modules, name, None)
@@ -431,15 +452,26 @@ def poke(x, to_rank, heap_bases, shift, N: tl.constexpr):
     iris.store(x + offs + shift, offs.to(tl.float32) + 1, 0, to_rank, heap_bases)
 
 
+@triton.jit
+def poke_context(x, to_rank, context, shift, rank: tl.constexpr, world: tl.constexpr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    iris.DeviceContext.initialize(context, rank, world).store(x + offs + shift, offs.to(tl.float32) + 1, to_rank)
+
+
 def poke_cases(ctx, cases) -> None:
-    """Each case "to_rank,bases,shift": poke a heap tensor through iris.store, print what happened."""
+    """Each case "to_rank,bases,shift": poke a heap tensor through iris.store (bases "good" or "copy")
+    or a DeviceContext's store (bases "context"), print what happened."""
     for case in cases:
         to_rank, bases, shift = case.split(",")
         print("=== " + case, flush=True)
         x = ctx.full((16,), -7.0)
-        bases = {"good": ctx.get_heap_bases(), "copy": ctx.get_heap_bases().clone()}[bases]
         try:
-            poke[(1,)](x, int(to_rank), bases, int(shift), N=16)
+            if bases == "context":
+                poke_context[(1,)](x, int(to_rank), ctx.get_device_context(), int(shift), ctx.get_rank(),
+                                   ctx.get_num_ranks(), N=16)
+            else:
+                bases = {"good": ctx.get_heap_bases(), "copy": ctx.get_heap_bases().clone()}[bases]
+                poke[(1,)](x, int(to_rank), bases, int(shift), N=16)
         except Exception:  # noqa: BLE001 - printed for the test to read
             print("RAISED " + traceback.format_exc(), flush=True)
         print("WRITTEN", torch.equal(x, torch.arange(16, dtype=torch.float32, device=x.device) + 1), flush=True)
@@ -448,7 +480,8 @@ def poke_cases(ctx, cases) -> None:
 
 
 DEBUG_CASES = {"valid": "0,good,0", "rank 5 of 1": "5,good,0", "past the heap": f"0,good,{1 << 20}",
-               "copied heap_bases": "0,copy,0"}
+               "copied heap_bases": "0,copy,0", "device context": "0,context,0",
+               "device context, rank 5 of 1": "5,context,0"}
 
 
 def _split(output: str) -> dict:
@@ -470,7 +503,7 @@ def debug_runs(ctx):
     assert os.environ.get("IRIS_DEBUG", "0") in ("", "0"), "run the test suite without IRIS_DEBUG"
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        poke_cases(ctx, [DEBUG_CASES["valid"], DEBUG_CASES["copied heap_bases"]])
+        poke_cases(ctx, [DEBUG_CASES[case] for case in ("valid", "copied heap_bases", "device context")])
     return {"1": _split(proc.stdout), "0": _split(buf.getvalue())}
 
 
@@ -480,6 +513,9 @@ def debug_runs(ctx):
     ("past the heap", "iris debug: a pointer outside the heap: rank, byte offset, heap size =:  [0]",
      "a pointer outside the caller"),
     ("copied heap_bases", None, "heap_bases is not ctx.get_heap_bases()"),
+    ("device context", None, None),  # its heap_bases has the hidden entries before it too
+    ("device context, rank 5 of 1", "iris debug: a rank outside [0, world): world, from_rank, to_rank =:  [1]",
+     "a rank outside [0, world)"),
 ])
 def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, printed, raised):
     out = debug_runs["1"][case]
@@ -487,17 +523,18 @@ def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, printed, ra
         assert "RAISED" not in out and "WRITTEN True" in out, out
         return
     assert "RAISED" in out and raised in out and "WRITTEN False" in out, out  # nothing was written
-    assert ", in poke\n" in out, out  # the traceback names the kernel
+    kernel = "poke_context" if case.startswith("device context") else "poke"
+    assert f", in {kernel}\n" in out, out  # the traceback names the kernel
     if printed:
         assert printed in out, out
-    if case == "rank 5 of 1":
+    if case.endswith("rank 5 of 1"):
         assert "[5]" in out, out  # the bad rank itself
     if case == "past the heap":
         reserve = iris.context._internal_bytes(1)  # iris's own block comes first, beyond heap_size
         assert f"[{(1 << 20) * 4 + reserve}]" in out and f"[{(1 << 20) + reserve}]" in out, out  # offset, heap size
 
 
-@pytest.mark.parametrize("case", ["valid", "copied heap_bases"])
+@pytest.mark.parametrize("case", ["valid", "copied heap_bases", "device context"])
 def test_debug_mode_off_checks_nothing(debug_runs, case):
     """Off, no check is compiled in: even a copied heap_bases (which debug mode refuses) just works."""
     out = debug_runs["0"][case]
@@ -506,8 +543,8 @@ def test_debug_mode_off_checks_nothing(debug_runs, case):
 
 @pytest.mark.gpu
 def test_debug_mode_on_gpu(tmp_path):
-    """On a GPU, debug mode traps in the kernel (device_assert) and prints the bad value; off, the
-    compiled kernel holds no assert at all."""
+    """On a GPU, debug mode traps in the kernel (device_assert) and prints the bad value, and lets a
+    DeviceContext's valid store through; off, the compiled kernel holds no assert at all."""
     script = tmp_path / "gpu_poke.py"
     script.write_text(textwrap.dedent("""\
         import sys, torch, triton, triton.language as tl, iris
@@ -517,12 +554,21 @@ def test_debug_mode_on_gpu(tmp_path):
             offs = tl.arange(0, N)
             iris.store(x + offs, offs.to(tl.float32) + 1, 0, to_rank, heap_bases)
 
+        @triton.jit
+        def poke_context(x, context, N: tl.constexpr):
+            offs = tl.arange(0, N)
+            iris.DeviceContext.initialize(context, 0, 1).store(x + offs, offs.to(tl.float32) + 2, 0)
+
         ctx = iris.iris(heap_size=1 << 22)
         x = ctx.full((16,), -7.0)
         k = poke[(1,)](x, 0, ctx.get_heap_bases(), N=16)
         torch.cuda.synchronize()
         print("WRITTEN", torch.equal(x, torch.arange(16, dtype=torch.float32, device=x.device) + 1))
         print("ASSERTS", k.asm["ttir"].count("tt.assert"))
+        k = poke_context[(1,)](x, ctx.get_device_context(), N=16)
+        torch.cuda.synchronize()
+        print("DEVICE CONTEXT STORED", torch.equal(x, torch.arange(16, dtype=torch.float32, device=x.device) + 2))
+        print("DEVICE CONTEXT CHECKS", k.asm["ttir"].count("tt.assert"))
         poke[(1,)](x, int(sys.argv[1]), ctx.get_heap_bases(), N=16)
         torch.cuda.synchronize()
         print("SURVIVED")
@@ -532,8 +578,10 @@ def test_debug_mode_on_gpu(tmp_path):
                         text=True, timeout=300)
     out = on.stdout + on.stderr
     assert "WRITTEN True" in out and "ASSERTS 0" not in out, out
+    assert "DEVICE CONTEXT STORED True" in out and "DEVICE CONTEXT CHECKS 0" not in out, out
     assert on.returncode != 0 and "SURVIVED" not in out and "a rank outside [0, world)" in out, out
     off = subprocess.run([sys.executable, str(script), "0"], env=dict(env, IRIS_DEBUG="0"), capture_output=True,
                          text=True, timeout=300)
     out = off.stdout + off.stderr
     assert off.returncode == 0 and "WRITTEN True" in out and "ASSERTS 0" in out and "SURVIVED" in out, out
+    assert "DEVICE CONTEXT STORED True" in out and "DEVICE CONTEXT CHECKS 0" in out, out

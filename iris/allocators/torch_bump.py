@@ -17,9 +17,10 @@ class TorchAllocator:
     capacity = property(lambda self: self.size - self.reserved)
 
     def __init__(self, driver, heap_size: int, device: torch.device, group=None):
-        block = torch.empty(heap_size, dtype=torch.uint8, device=device)
-        if block.device.type == "cpu":
-            block.share_memory_()  # the host driver shares it by fd
+        if torch.device(device).type == "cpu":  # the host driver shares it by fd: made shared, not copied there
+            block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(heap_size))
+        else:
+            block = torch.empty(heap_size, dtype=torch.uint8, device=device)
         self.block, self.base, self.size = block, block.data_ptr(), heap_size
         self.offsets = CachingOffsets(heap_size)
         self._policy = self.offsets.allocate  # bound once: the usual allocation's first call

@@ -3,8 +3,8 @@
 IRIS_DEBUG=1 (read when iris is imported) compiles a check into every device function: the ranks
 lie in [0, world) and the pointer lies inside the caller's heap. Off by default, and then the check
 is not in the compiled kernel at all (DEBUG is a constexpr). The kernel learns world and the heap
-size from three hidden int64 entries just before heap_bases[0] (see bases_tensor), so no device
-function's signature changes; pass ctx.get_heap_bases() itself, not a copy.
+size from hidden int64 entries just before heap_bases[0] (see bases_table), so no device function's
+signature changes; pass ctx.get_heap_bases() or ctx.get_device_context() itself, not a copy.
 """
 import os
 
@@ -15,17 +15,23 @@ import triton.language as tl
 DEBUG: tl.constexpr = tl.constexpr(os.environ.get("IRIS_DEBUG", "0").strip() not in ("", "0"))
 _INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 MAGIC: tl.constexpr = tl.constexpr(0x1215DEB6)
-HIDDEN = 3  # MAGIC, heap size, world: at heap_bases[-3], [-2], [-1]
+HIDDEN = 4  # MAGIC, heap size, rank, world: at heap_bases[-4] .. [-1]
 if DEBUG:  # device_assert is compiled in only when Triton debugs; it reads TRITON_DEBUG once, at import
     os.environ.setdefault("TRITON_DEBUG", "1")
     if getattr(getattr(triton, "knobs", None), "runtime", None) is not None:
         triton.knobs.runtime.debug = True
 
 
-def bases_tensor(bases, size: int, device) -> torch.Tensor:
+def bases_table(bases, size: int, rank: int, device, tail=()) -> torch.Tensor:
+    """[MAGIC, size, rank, world, base_0, ..., base_{world-1}, *tail]. Sliced at HIDDEN it is
+    heap_bases as kernels get it; sliced at HIDDEN - 2 it is a DeviceContext's tensor ([rank, world,
+    bases..., tail]), whose heap_bases then has the same hidden entries before it."""
+    return torch.tensor([MAGIC.value, size, rank, len(bases), *bases, *tail], dtype=torch.int64, device=device)
+
+
+def bases_tensor(bases, size: int, rank: int, device) -> torch.Tensor:
     """heap_bases as kernels get it: one int64 per rank, preceded in memory by the hidden entries."""
-    full = torch.tensor([MAGIC.value, size, len(bases), *bases], dtype=torch.int64, device=device)
-    return full[HIDDEN:]
+    return bases_table(bases, size, rank, device)[HIDDEN:]
 
 
 @triton.jit
@@ -41,8 +47,8 @@ def _fail_unless(ok, msg: tl.constexpr):
 def _check(ptr, from_rank, to_rank, heap_bases):
     """Debug mode: the ranks are in [0, world) and every pointer's element lies in from_rank's heap."""
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
-    _fail_unless(tl.load(heap_bases - 3) == MAGIC, "iris debug: heap_bases is not ctx.get_heap_bases() (a copy?)")
-    size = tl.load(heap_bases - 2)
+    _fail_unless(tl.load(heap_bases - 4) == MAGIC, "iris debug: heap_bases is not ctx.get_heap_bases() (a copy?)")
+    size = tl.load(heap_bases - 3)
     world = tl.load(heap_bases - 1)
     ranks_ok = (from_rank >= 0) & (from_rank < world) & (to_rank >= 0) & (to_rank < world)
     ranks_ok = tl.min((ranks_ok | tl.full([1], 0, tl.int1)).to(tl.int32), axis=None)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing as mp
+from multiprocessing import reduction
 import pickle
 import os
 import queue
@@ -143,9 +145,41 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
-def _child(fn, args, rank, world, socket_dir, secret, results):
-    os.environ.update(job_env(rank, world, socket_dir, secret))
+class _Inherited:
+    """One of the caller's file descriptors, handed to a rank forked by the fork server (which
+    started with the descriptors of its own first caller)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):  # reduction.DupFd works only while the process is being started
+        return _Inherited._opened, (reduction.DupFd(self.fd),)
+
+    @staticmethod
+    def _opened(dup) -> int:
+        return dup.detach()
+
+
+def _is_open(fd: int) -> bool:
     try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _child(payload, env, streams, rank, world, socket_dir, secret, results):
+    """One rank: the caller's environment and stdout/stderr, then fn(*args), unpickled only now so
+    that every module it imports sees that environment, as in a fresh process."""
+    gc.freeze()  # what the fork server imported lives as long as the rank: collections need not walk it
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.update(job_env(rank, world, socket_dir, secret))
+    for fd, inherited in streams.items():
+        os.dup2(inherited, fd)
+        os.close(inherited)
+    try:
+        fn, args = pickle.loads(payload)
         value = fn(*args)
         pickle.dumps(value)  # fails here, with a traceback, rather than silently in the queue's thread
         results.put((rank, True, value))
@@ -158,18 +192,25 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -
     """Run fn(*args) on nprocs ranks in fresh processes; returns each rank's result in rank order.
 
     fn must be importable (defined at module level). A rank that raises or dies fails the whole call.
+    Ranks are forked from multiprocessing's fork server, which has imported torch once (nothing that
+    touches a GPU), and take this process's environment, working directory and stdout/stderr.
     """
     nprocs = _check_nprocs(nprocs)
     try:
-        pickle.dumps((fn, args))
+        payload = pickle.dumps((fn, args))
     except Exception as e:
         raise TypeError(f"iris.spawn sends fn and args to fresh processes, so they must be picklable: {e}. "
                         "Define fn at module level (not a lambda or a nested function) and pass plain data "
                         "in args") from None
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])  # read when the server starts: once per calling process
     socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
     results = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(fn, args, r, nprocs, socket_dir, secret, results), daemon=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    streams = {fd: _Inherited(fd) for fd in (1, 2) if _is_open(fd)}
+    procs = [ctx.Process(target=_child, args=(payload, dict(os.environ), streams, r, nprocs, socket_dir, secret,
+                                              results), daemon=True)
              for r in range(nprocs)]
     out, errors = {}, []
     try:

@@ -72,5 +72,5 @@ def address_map(bases: Sequence[int], rank: int, world: int, base: int, nbytes: 
         raise AddressMapError(f"ranks {wild} are marked direct but their peer_bases entry is 0: a kernel would "
                               "write through a null pointer. Mark them indirect (direct=False)")
     from ..device.translate import bases_tensor  # iris's own layout: IRIS_DEBUG checks pointers against it
-    table = bases_tensor(bases, int(nbytes), device)
+    table = bases_tensor(bases, int(nbytes), rank, device)
     return SymmetricAddressMap(table, rank, base, int(nbytes), direct)

@@ -60,7 +60,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                 self._open_peer_blocks(undo)
             self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
             self._base = allocator.base
-            self.heap_bases = bases_tensor(self.bases, self.size, device)  # hidden entries for IRIS_DEBUG
+            self.heap_bases = bases_tensor(self.bases, self.size, self.rank, device)  # hidden entries for IRIS_DEBUG
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
 
     # -- allocation --------------------------------------------------------

@@ -1,11 +1,34 @@
 """Pick the platform driver: NVIDIA -> cuda, ROCm -> hip, else host; IRIS_PLATFORM forces one."""
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 from .driver import Driver, IpcHandle
 
 PLATFORMS = ("cuda", "hip", "host")
+
+
+def _torch_built_for_gpus() -> bool:
+    """torch.version.cuda or torch.version.hip, read from torch/version.py without importing torch
+    (most of a launcher's start-up): a build for neither never sees a GPU. True where the file
+    cannot be read, so that torch itself is asked."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return False
+    try:
+        tree = ast.parse(Path(spec.origin).with_name("version.py").read_text())
+        found = {}
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value is not None:
+                found[target.id] = ast.literal_eval(node.value)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    return set(found) != {"cuda", "hip"} or any(found.values())
 
 
 def detect() -> str:
@@ -15,6 +38,8 @@ def detect() -> str:
         if forced not in PLATFORMS:
             raise ValueError(f"IRIS_PLATFORM={forced!r} is not a platform; use one of {', '.join(PLATFORMS)}")
         return forced
+    if "torch" not in sys.modules and not _torch_built_for_gpus():
+        return "host"
     try:
         import torch
     except ImportError:

@@ -57,6 +57,18 @@ def _check(call: str, result):
     return values[0] if len(values) == 1 else tuple(values) if values else None
 
 
+def _init() -> None:
+    """cuInit. Where libcuda itself cannot be loaded (no NVIDIA driver), cuda-bindings raises its
+    loader's error (a RuntimeError) instead of returning a code; that too becomes a DriverError."""
+    try:
+        result = cu.cuInit(0)
+    except RuntimeError as e:
+        raise DriverError("cuInit", type(e).__name__,
+                          f"cuda-bindings cannot load the NVIDIA driver (libcuda): {str(e).rstrip('.')}. "
+                          "Install the NVIDIA driver, or run on the CPU: IRIS_PLATFORM=host (platform='host')") from e
+    _check("cuInit", result)
+
+
 class CudaDriver:
     """NVIDIA GPUs through cuda-bindings; handles are CUmemGenericAllocationHandle objects."""
 
@@ -71,12 +83,12 @@ class CudaDriver:
 
     # -- device ------------------------------------------------------------
     def device_count(self) -> int:
-        _check("cuInit", cu.cuInit(0))
+        _init()
         return _check("cuDeviceGetCount", cu.cuDeviceGetCount())
 
     def set_device(self, index: int) -> None:
         """Make device `index`'s primary context current in this thread (PyTorch shares it)."""
-        _check("cuInit", cu.cuInit(0))
+        _init()
         dev = _check("cuDeviceGet", cu.cuDeviceGet(index))
         if index not in self._ctx:  # retain once per device; the driver counts retains
             self._ctx[index] = _check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(dev))
