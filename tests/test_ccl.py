@@ -1,6 +1,7 @@
 """Collectives (ctx.ccl) against torch references: real ranks on the host driver (kernels in the
 interpreter) and on GPUs. Outputs are poisoned before every call and checked element by element."""
 import os
+import socket
 
 import pytest
 import torch
@@ -191,13 +192,27 @@ def rank_host(dtypes, reps):
     return bad
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dist(ctx):
+    """gloo beside the heap, on a port rank 0 found free: jobs of tests running side by side (pytest
+    workers) must not meet on one port."""
+    import torch.distributed as dist
+    port = ctx.broadcast(_free_port() if ctx.rank == 0 else None)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world)
+    return dist
+
+
 def check_group(ctx):
     """group=: every rank in order (a torch group or a list) takes the whole-job path; over a subset (see
     test_ccl_groups.py) a plain inp is refused naming the fix, and a rank outside the group is refused."""
-    import torch.distributed as dist
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + sum(map(ord, os.environ.get("IRIS_SOCKET_DIR", ""))) % 20000))
-    dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world)
+    dist = _dist(ctx)
     everyone, first = dist.new_group(list(range(ctx.world))), dist.new_group([0])
     bad = []
     x = torch.full((5,), ctx.rank + 1.0, device=ctx.get_device())  # a plain tensor, on the heap's device

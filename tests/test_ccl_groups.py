@@ -3,33 +3,15 @@ in the interpreter) and on GPUs. Outputs are poisoned before every call and chec
 every call overwrites the inp its peers just read, so a missing "done" signal shows as wrong data."""
 import math
 import os
-import socket
 
 import pytest
 import torch
 
 import iris
 from iris.ccl import CollectiveError, Config, ReduceOp
-from test_ccl import POISON, _data, _poisoned, _reduce, _same, graph_wrong, wrong_errors
+from test_ccl import POISON, _data, _dist, _poisoned, _reduce, _same, graph_wrong, wrong_errors
 
 OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _dist(ctx):
-    """gloo beside the heap, on a port rank 0 found free: jobs of tests running side by side (pytest
-    workers) must not meet on one port."""
-    import torch.distributed as dist
-    port = ctx.broadcast(_free_port() if ctx.rank == 0 else None)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
-    dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.world)
-    return dist
 
 
 class Slots:
