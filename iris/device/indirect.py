@@ -11,7 +11,8 @@ kernel compiles (Triton refuses a global that changed under a compiled kernel).
 
 A contiguous tile (the masked elements of source and destination are each one range, element for
 element) moves with one block-scoped NVSHMEM call made by every thread of the program; any other
-tile moves element by element. Atomics are issued one element at a time from thread 0 (a tile
+tile moves element by element. Where rma's hint equals a 1-D block's length the caller has declared
+source and destination each one run, and only the mask is tested. Atomics are issued one element at a time from thread 0 (a tile
 loops over its elements): NVSHMEM has no float add, min or max, which loop on compare-and-swap.
 Ordering: sem release/acq_rel (the default) completes the program's earlier NVSHMEM operations
 before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
