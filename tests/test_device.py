@@ -16,6 +16,7 @@ import triton.language as tl
 import iris
 
 CAP, N, BLOCK = 128, 100, 32            # buffers of CAP elements, N of them in range, programs of BLOCK
+RUN0: tl.constexpr = tl.constexpr(5)   # the first element of the run ops' range: inside the first tile
 POISON, OTHER = 100, 101                # outside the value range -48..48 (0..96 unsigned); exact in every dtype
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8]
@@ -62,6 +63,12 @@ def _rma_kernel(src, local, out, dst, me, peer, third, hb, n, other, OP: tl.cons
         iris.get(src + o, out + o, me, peer, hb, mask=m, load_cache_modifier=".cv")
     elif OP == "put":  # a local (non-heap) tensor into peer's dst
         iris.put(local + o, dst + o, me, peer, hb, mask=m, store_cache_modifier=".cs")
+    elif OP == "put_run":  # hint=BLOCK declares the tile one run: a range starting and ending inside tiles
+        iris.put(local + o, dst + o, me, peer, hb, mask=(o < n) & (o >= RUN0), hint=BLOCK)
+    elif OP == "get_run":
+        iris.get(src + o, out + o, me, peer, hb, mask=(o < n) & (o >= RUN0), hint=BLOCK)
+    elif OP == "put_holed_run":  # a declared run whose mask has holes moves element by element
+        iris.put(local + o, dst + o, me, peer, hb, mask=m, hint=BLOCK)
     elif OP == "copy_pull":  # peer's src into my dst
         iris.copy(src + o, dst + o, peer, me, me, hb, mask=m)
     elif OP == "copy_push":  # my src into peer's dst
@@ -259,8 +266,8 @@ def check_rma(ctx, big):
             src = ctx.empty(CAP, dtype=dtype)
             src.copy_(src_of(me).to(dev))
             local = local_of(me).to(dev)                 # a plain device tensor: not on the heap
-            ops = ["load", "load_volatile", "store", "get", "put", "copy_pull", "copy_push", "copy_third",
-                   "copy_remote"]
+            ops = ["load", "load_volatile", "store", "get", "put", "put_run", "get_run", "put_holed_run", "copy_pull",
+                   "copy_push", "copy_third", "copy_remote"]
             outs = {op: torch.full((CAP,), POISON, dtype=dtype, device=dev) for op in ops}
             dsts = {op: ctx.full((CAP,), POISON, dtype=dtype) for op in ops}
             ctx.barrier()
@@ -275,13 +282,17 @@ def check_rma(ctx, big):
             _expect(failures, f"store {tag}", dsts["store"], torch.where(m, local_of(prv), poison))
             _expect(failures, f"get {tag}", outs["get"], torch.where(m, src_of(nxt), poison))
             _expect(failures, f"put {tag}", dsts["put"], torch.where(m, local_of(prv), poison))
+            run = (torch.arange(CAP) < N) & (torch.arange(CAP) >= RUN0.value)
+            _expect(failures, f"put run {tag}", dsts["put_run"], torch.where(run, local_of(prv), poison))
+            _expect(failures, f"get run {tag}", outs["get_run"], torch.where(run, src_of(nxt), poison))
+            _expect(failures, f"put holed run {tag}", dsts["put_holed_run"], torch.where(m, local_of(prv), poison))
             _expect(failures, f"copy pull {tag}", dsts["copy_pull"], torch.where(m, src_of(nxt), poison))
             _expect(failures, f"copy push {tag}", dsts["copy_push"], torch.where(m, src_of(prv), poison))
             _expect(failures, f"copy third party {tag}", dsts["copy_third"],
                     torch.where(m, src_of((me - 1) % w), poison))
             _expect(failures, f"copy remote->remote {tag}", dsts["copy_remote"], torch.where(m, src_of(me), poison))
             for op in ops:  # the buffer each op was not meant to write
-                untouched = dsts[op] if op in ("load", "load_volatile", "get") else outs[op]
+                untouched = dsts[op] if op in ("load", "load_volatile", "get", "get_run") else outs[op]
                 _expect(failures, f"{op} wrote where it should not {tag}", untouched, poison)
             ctx.barrier()
     return failures
@@ -326,7 +337,7 @@ def check_positional(ctx, big):
             _expect(failures, f"put {tag}", dsts["put"], torch.where(m, local_of(prv), poison))
             _expect(failures, f"copy {tag}", dsts["copy"], torch.where(m, src_of(nxt), poison))
             for op in POSITIONAL_RMA:
-                untouched = dsts[op] if op in ("load", "load_volatile", "get") else outs[op]
+                untouched = dsts[op] if op in ("load", "load_volatile", "get", "get_run") else outs[op]
                 _expect(failures, f"{op} wrote where it should not {tag}", untouched, poison)
             ctx.barrier()
     dtype = torch.int32

@@ -11,7 +11,8 @@ kernel compiles (Triton refuses a global that changed under a compiled kernel).
 
 A contiguous tile (the masked elements of source and destination are each one range, element for
 element) moves with one block-scoped NVSHMEM call made by every thread of the program; any other
-tile moves element by element. Atomics are issued one element at a time from thread 0 (a tile
+tile moves element by element. Where rma's hint equals a 1-D block's length the caller has declared
+source and destination each one run, and only the mask is tested. Atomics are issued one element at a time from thread 0 (a tile
 loops over its elements): NVSHMEM has no float add, min or max, which loop on compare-and-swap.
 Ordering: sem release/acq_rel (the default) completes the program's earlier NVSHMEM operations
 before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
@@ -81,20 +82,57 @@ def _mask(ptr, mask):
     return out
 
 
+@triton.constexpr_function
+def _covers(hint, shape):
+    """Whether an rma hint declares the whole block one contiguous run: a 1-D block and hint its length."""
+    hint = getattr(hint, "value", hint)
+    shape = [getattr(d, "value", d) for d in shape]
+    return isinstance(hint, int) and not isinstance(hint, bool) and len(shape) == 1 and hint == shape[0]
+
+
 @triton.jit
-def _span(a, b, m):
+def _sum_min_max_min_max(n1, lo1, hi1, dlo1, dhi1, n2, lo2, hi2, dlo2, dhi2):
+    return n1 + n2, tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), tl.minimum(dlo1, dlo2), tl.maximum(dhi1, dhi2)
+
+
+@triton.jit
+def _sum_min_max_min_min(n1, lo1, hi1, a1, b1, n2, lo2, hi2, a2, b2):
+    return n1 + n2, tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), tl.minimum(a1, a2), tl.minimum(b1, b2)
+
+
+@triton.jit
+def _min_min(a1, b1, a2, b2):
+    return tl.minimum(a1, a2), tl.minimum(b1, b2)
+
+
+@triton.jit
+def _span(a, b, mask, RUN: tl.constexpr):
     """Whether the masked elements of pointer blocks a and b are each one contiguous range, element
-    for element; then a's and b's first addresses and the byte count."""
+    for element; then a's and b's first addresses and the byte count. One fused reduction: a
+    program's reductions each cost a shared-memory round trip and a barrier.
+    RUN: the caller declared a and b each one contiguous run in element order (rma's hint equal to
+    the block's size), so only the mask is tested, in element indices."""
     ES: tl.constexpr = (a.dtype.element_ty.primitive_bitwidth + 7) // 8
     BIG: tl.constexpr = 1 << 62
+    m = _mask(a, mask)
     ai = a.to(tl.int64)
     bi = b.to(tl.int64)
-    n = tl.sum(m.to(tl.int64), axis=None)
-    a0 = tl.min(tl.where(m, ai, BIG), axis=None)
-    a1 = tl.max(tl.where(m, ai, -1), axis=None)
-    b0 = tl.min(tl.where(m, bi, BIG), axis=None)
-    skew = tl.max(tl.where(m, tl.abs((bi - b0) - (ai - a0)), 0), axis=None)
-    return (n > 0) & (skew == 0) & (a1 - a0 == (n - 1) * ES), a0, b0, n * ES
+    if RUN:
+        N: tl.constexpr = a.numel
+        if mask is None:
+            a0, b0 = tl.reduce((ai, bi), None, _min_min)
+            out = tl.full([], 1, tl.int1), a0, b0, tl.full([], N * ES, tl.int64)
+        else:
+            i = tl.arange(0, N)
+            n, i0, i1, a0, b0 = tl.reduce((m.to(tl.int32), tl.where(m, i, N), tl.where(m, i, -1), ai, bi), None,
+                                          _sum_min_max_min_min)
+            out = (n > 0) & (i1 - i0 + 1 == n), a0 + i0 * ES, b0 + i0 * ES, n.to(tl.int64) * ES
+    else:
+        d = bi - ai
+        n, a0, a1, d0, d1 = tl.reduce((m.to(tl.int32), tl.where(m, ai, BIG), tl.where(m, ai, -BIG),
+                                       tl.where(m, d, BIG), tl.where(m, d, -BIG)), None, _sum_min_max_min_max)
+        out = (n > 0) & (d0 == d1) & (a1 - a0 == (n - 1).to(tl.int64) * ES), a0, a0 + d0, n.to(tl.int64) * ES
+    return out
 
 
 @triton.jit
@@ -118,13 +156,13 @@ def _store_far(ptr, value, pe, mask):
 
 
 @triton.jit
-def _put_far(src, dst, pe, mask, other):
+def _put_far(src, dst, pe, mask, other, hint: tl.constexpr):
     """The caller's src into dst (the caller's view of the heap) on PE pe."""
     m = _mask(dst, mask)
     if len(dst.shape) == 0:
         _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
     else:
-        whole, s0, d0, nbytes = _span(src, dst, m)
+        whole, s0, d0, nbytes = _span(src, dst, mask, _covers(hint, dst.shape))
         if whole:
             nv.putmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
         else:
@@ -132,13 +170,13 @@ def _put_far(src, dst, pe, mask, other):
 
 
 @triton.jit
-def _get_far(src, dst, pe, mask, other):
+def _get_far(src, dst, pe, mask, other, hint: tl.constexpr):
     """src (the caller's view of the heap) on PE pe into the caller's dst."""
     m = _mask(dst, mask)
     if len(dst.shape) == 0:
         tl.store(dst, _load_far(src, pe, m, other), mask=m)
     else:
-        whole, s0, d0, nbytes = _span(src, dst, m)
+        whole, s0, d0, nbytes = _span(src, dst, mask, _covers(hint, dst.shape))
         if whole:
             nv.getmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
         else:
@@ -173,7 +211,7 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cach
         store_cache_modifier: tl.constexpr, hint: tl.constexpr):
     """rma.get, with from_rank reached through NVSHMEM where it is indirect."""
     if far(heap_bases, from_rank):
-        _get_far(from_ptr, to_ptr, from_rank, mask, other)
+        _get_far(from_ptr, to_ptr, from_rank, mask, other, hint)
     else:
         data = tl.load(_rma._hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask,
                        other=other, cache_modifier=load_cache_modifier)
@@ -185,7 +223,7 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cach
         store_cache_modifier: tl.constexpr, hint: tl.constexpr):
     """rma.put, with to_rank reached through NVSHMEM where it is indirect."""
     if far(heap_bases, to_rank):
-        _put_far(from_ptr, to_ptr, to_rank, mask, other)
+        _put_far(from_ptr, to_ptr, to_rank, mask, other, hint)
     else:
         data = tl.load(_rma._hint(from_ptr, hint), mask=mask, other=other, cache_modifier=load_cache_modifier)
         tl.store(_rma._hint(_translate(to_ptr, from_rank, to_rank, heap_bases), hint), data, mask=mask,
@@ -199,9 +237,9 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other
     src_far = far(heap_bases, from_rank)
     dst_far = far(heap_bases, to_rank)
     if src_far & (to_rank == cur_rank):
-        _get_far(src_ptr, dst_ptr, from_rank, mask, other)
+        _get_far(src_ptr, dst_ptr, from_rank, mask, other, hint)
     elif dst_far & (from_rank == cur_rank):
-        _put_far(src_ptr, dst_ptr, to_rank, mask, other)
+        _put_far(src_ptr, dst_ptr, to_rank, mask, other, hint)
     else:
         if src_far:
             data = _load_far(src_ptr, from_rank, mask, other)

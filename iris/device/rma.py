@@ -76,7 +76,8 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask=None, other=None,
     from_rank: the rank read; heap_bases: ctx.get_heap_bases(). Same positions as load and as Iris's
     code and tests call get (its docstring names them the other way round). mask applies to the read
     and the write; other fills masked lanes of the read; load_/store_cache_modifier go to tl.load/
-    tl.store. hint: as for load, applied to the remote pointer and to_ptr.
+    tl.store. hint: as for load, applied to the remote pointer and to_ptr; a hint equal to a 1-D block's
+    length declares the block one contiguous run, which lets an indirect peer's tile skip the address test.
     """
     if INDIRECT_PEERS:
         return _indirect.get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier,
