@@ -41,14 +41,14 @@ JOBS = {"plain": "", "mixed": "all"}  # job -> IRIS_INDIRECT_PEERS
 
 
 @triton.jit
-def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, PUT: tl.constexpr):
+def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, PUT: tl.constexpr, HINT: tl.constexpr = None):
     """Grid-stride loop over whole tiles: PUT writes my src into peer's dst; else reads peer's src into my dst."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
         o = start + tl.arange(0, BLOCK)
         if PUT:
-            iris.put(src + o, dst + o, me, peer, heap_bases)
+            iris.put(src + o, dst + o, me, peer, heap_bases, hint=HINT)
         else:
-            iris.get(src + o, dst + o, me, peer, heap_bases)
+            iris.get(src + o, dst + o, me, peer, heap_bases, hint=HINT)
 
 
 @triton.jit
@@ -211,7 +211,8 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
 
 def _shapes(ctx, src, dst, tables, sms, max_mib):
     """Eager µs of a put through each table at large sizes, by programs per SM and warps per program, and
-    of the same tiles moved by NVSHMEM's block put called directly (the control: what NVSHMEM itself costs)."""
+    of the same tiles moved by NVSHMEM's block put called directly (the control: what NVSHMEM itself costs),
+    and through iris.put with hint=BLOCK (the tile declared one run: only the mask is tested)."""
     me, dev, rows = ctx.get_rank(), ctx.get_device(), []
     for nbytes in (b for b in (16 * MiB, 256 * MiB) if b <= max_mib * MiB):
         for per_sm in (1, 4, 16):
@@ -221,6 +222,9 @@ def _shapes(ctx, src, dst, tables, sms, max_mib):
                     fn = (lambda t=table: copy_kernel[(sms * per_sm,)](src, dst, nbytes // 4, me, 1 - me, t, BLOCK=BLOCK,
                                                                       PUT=True, num_warps=warps))
                     row[f"{how}_put_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
+                fn = (lambda: copy_kernel[(sms * per_sm,)](src, dst, nbytes // 4, me, 1 - me, tables["indirect"],
+                                                           BLOCK=BLOCK, PUT=True, HINT=BLOCK, num_warps=warps))
+                row["indirect_put_hint_block_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
                 fn = (lambda: nvshmem_put_kernel[(sms * per_sm,)](src, dst, nbytes // 4, 1 - me, BLOCK=BLOCK,
                                                                   num_warps=warps))
                 row["nvshmem_block_put_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
