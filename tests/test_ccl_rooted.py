@@ -3,6 +3,7 @@ recv, sendrecv) and barrier, against torch references: real ranks on the host dr
 interpreter) and on GPUs, over the whole job and subset groups, roots at every position. Outputs are
 poisoned and checked element by element (a root's peers' outputs must stay poisoned), inputs checked
 unchanged; each call's heap input is overwritten by the next call, so a missing "done" signal shows."""
+import gc
 import os
 import socket
 import subprocess
@@ -222,11 +223,28 @@ def check_mailbox(ctx, cfg, rep, dtype=torch.float32, cap=64):
     return bad
 
 
+def check_mailbox_released(ctx):
+    """A mailbox every rank dropped goes back to the heap at the next collective point: the launches of
+    its transfers, which iris keeps for the next call, do not keep it alive."""
+    r, w = ctx.rank, ctx.world
+    box = ctx.ccl.init_p2p(max_numel=4096, dtype=torch.float32)
+    x = torch.arange(8, dtype=torch.float32, device=ctx.device) + r
+    if r % 2 == 0 and r + 1 < w:
+        ctx.ccl.send(x, dst=r + 1, p2p_state=box)
+    elif r % 2 == 1:
+        ctx.ccl.recv(x, src=r - 1, p2p_state=box)
+    del box
+    gc.collect()
+    released = ctx.collect()
+    return [] if released >= w * 4096 * 4 else [("mailbox kept after every rank dropped it", released)]
+
+
 def rank_host(world, dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     dist = _dist(ctx)
     bad = run_all(ctx, dist, dtypes, reps, Config(block_size=16, comm_sms=2))  # 2 programs, partial blocks
     bad += check_mailbox(ctx, Config(block_size=16, comm_sms=2), 0)
+    bad += check_mailbox_released(ctx)
     dist.destroy_process_group()
     ctx.close()
     return bad

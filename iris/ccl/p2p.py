@@ -38,6 +38,7 @@ class P2PState:
         self.sent, self.acked = (ctx.zeros((PROGRAMS, w), dtype=torch.int64) for _ in range(2))
         self.counts = {send: torch.zeros(PROGRAMS, w, dtype=torch.int64, device=self.inbox.device)
                        for send in (True, False)}
+        self.plans = {}  # (send, peer, numel, dtype, knobs) -> Plan: they live as long as this mailbox
         ctx.barrier()  # every rank's counts are zero before any peer adds to them
 
     def slot(self, call, sender: int, t):
@@ -105,13 +106,13 @@ def recv(ctx, tensor, src, p2p_state=None, group=None, tag=0, config=None) -> No
 def isend(ctx, tensor, dst, p2p_state=None, group=None, tag=0, config=None) -> P2PWork:
     """send, returning a P2PWork (calls are ordered on the stream; wait() blocks the host)."""
     send(ctx, tensor, dst, p2p_state, group, tag, config)
-    return P2PWork(ctx.ccl.ctx.device)
+    return P2PWork(ctx.device)
 
 
 def irecv(ctx, tensor, src, p2p_state=None, group=None, tag=0, config=None) -> P2PWork:
     """recv, returning a P2PWork (calls are ordered on the stream; wait() blocks the host)."""
     recv(ctx, tensor, src, p2p_state, group, tag, config)
-    return P2PWork(ctx.ccl.ctx.device)
+    return P2PWork(ctx.device)
 
 
 def batch_isend_irecv(ctx, p2p_op_list, p2p_state=None) -> list:
@@ -167,15 +168,16 @@ def _mail(ccl, send, t, peer, state, group, config) -> None:
     if send and not t.is_contiguous():
         raise CollectiveError("send(p2p_state=...): tensor must be contiguous; call .contiguous() first")
     knob = knobs(config)
-    key = ("mailbox", send, ranks[pos], t.numel(), t.dtype, knob, id(state))
-    plan = ccl.plans.get(key)
+    key = (send, ranks[pos], t.numel(), t.dtype, knob)
+    plan = state.plans.get(key)
     if plan is None:
         ccl._ready(f"the first {call} through a mailbox at a new size and peer builds its launch", "call it once")
         programs, per, block = split(ccl, t.numel(), t.dtype, knob, PROGRAMS)
-        plan = ccl.plans[key] = Plan(mailbox_kernel, programs, knob[1] or 8, src=t, dst=slot, sent=state.sent,
-                                     acked=state.acked, counts=state.counts[send], heap_bases=ccl.ctx.get_heap_bases(),
-                                     n=t.numel(), per=per, rank=ccl.ctx.rank, peer=ranks[pos], world=ccl.ctx.world,
-                                     SEND=send, BLOCK=block, SPIN=knob[3], FAR=ccl.puts)
+        plan = state.plans[key] = Plan(mailbox_kernel, programs, knob[1] or 8, src=t, dst=slot, sent=state.sent,
+                                       acked=state.acked, counts=state.counts[send],
+                                       heap_bases=ccl.ctx.get_heap_bases(), n=t.numel(), per=per, rank=ccl.ctx.rank,
+                                       peer=ranks[pos], world=ccl.ctx.world, SEND=send, BLOCK=block, SPIN=knob[3],
+                                       FAR=ccl.puts)
     if send:
         plan(t, slot)
     elif t.is_contiguous():
