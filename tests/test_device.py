@@ -67,6 +67,12 @@ def _rma_kernel(src, local, out, dst, me, peer, third, hb, n, other, OP: tl.cons
         iris.put(local + o, dst + o, me, peer, hb, mask=(o < n) & (o >= RUN0), hint=BLOCK)
     elif OP == "get_run":
         iris.get(src + o, out + o, me, peer, hb, mask=(o < n) & (o >= RUN0), hint=BLOCK)
+    elif OP == "put_whole_run":  # a declared run without a mask: the tiles wholly below n
+        if (tl.program_id(0) + 1) * BLOCK <= n:
+            iris.put(local + o, dst + o, me, peer, hb, hint=BLOCK)
+    elif OP == "get_whole_run":
+        if (tl.program_id(0) + 1) * BLOCK <= n:
+            iris.get(src + o, out + o, me, peer, hb, hint=BLOCK)
     elif OP == "put_holed_run":  # a declared run whose mask has holes moves element by element
         iris.put(local + o, dst + o, me, peer, hb, mask=m, hint=BLOCK)
     elif OP == "copy_pull":  # peer's src into my dst
@@ -266,8 +272,8 @@ def check_rma(ctx, big):
             src = ctx.empty(CAP, dtype=dtype)
             src.copy_(src_of(me).to(dev))
             local = local_of(me).to(dev)                 # a plain device tensor: not on the heap
-            ops = ["load", "load_volatile", "store", "get", "put", "put_run", "get_run", "put_holed_run", "copy_pull",
-                   "copy_push", "copy_third", "copy_remote"]
+            ops = ["load", "load_volatile", "store", "get", "put", "put_run", "get_run", "put_whole_run", "get_whole_run",
+                   "put_holed_run", "copy_pull", "copy_push", "copy_third", "copy_remote"]
             outs = {op: torch.full((CAP,), POISON, dtype=dtype, device=dev) for op in ops}
             dsts = {op: ctx.full((CAP,), POISON, dtype=dtype) for op in ops}
             ctx.barrier()
@@ -285,6 +291,9 @@ def check_rma(ctx, big):
             run = (torch.arange(CAP) < N) & (torch.arange(CAP) >= RUN0.value)
             _expect(failures, f"put run {tag}", dsts["put_run"], torch.where(run, local_of(prv), poison))
             _expect(failures, f"get run {tag}", outs["get_run"], torch.where(run, src_of(nxt), poison))
+            whole = torch.arange(CAP) < N // BLOCK * BLOCK
+            _expect(failures, f"put whole run {tag}", dsts["put_whole_run"], torch.where(whole, local_of(prv), poison))
+            _expect(failures, f"get whole run {tag}", outs["get_whole_run"], torch.where(whole, src_of(nxt), poison))
             _expect(failures, f"put holed run {tag}", dsts["put_holed_run"], torch.where(m, local_of(prv), poison))
             _expect(failures, f"copy pull {tag}", dsts["copy_pull"], torch.where(m, src_of(nxt), poison))
             _expect(failures, f"copy push {tag}", dsts["copy_push"], torch.where(m, src_of(prv), poison))
@@ -292,7 +301,7 @@ def check_rma(ctx, big):
                     torch.where(m, src_of((me - 1) % w), poison))
             _expect(failures, f"copy remote->remote {tag}", dsts["copy_remote"], torch.where(m, src_of(me), poison))
             for op in ops:  # the buffer each op was not meant to write
-                untouched = dsts[op] if op in ("load", "load_volatile", "get", "get_run") else outs[op]
+                untouched = dsts[op] if op in ("load", "load_volatile", "get", "get_run", "get_whole_run") else outs[op]
                 _expect(failures, f"{op} wrote where it should not {tag}", untouched, poison)
             ctx.barrier()
     return failures

@@ -15,7 +15,6 @@ fp32/fp64/int32/int64; and, or, xor int32/int64; cas any 16, 32 or 64-bit type.
 import triton
 import triton.language as tl
 
-from .rma import _hint
 from .translate import _translate
 from . import indirect as _indirect
 from .indirect import INDIRECT_PEERS
@@ -23,7 +22,7 @@ from .indirect import INDIRECT_PEERS
 
 @triton.jit
 def _at(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr):
-    return _hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
+    return _translate(ptr, from_rank, to_rank, heap_bases, hint)
 
 
 @triton.jit

@@ -12,7 +12,8 @@ kernel compiles (Triton refuses a global that changed under a compiled kernel).
 A contiguous tile (the masked elements of source and destination are each one range, element for
 element) moves with one block-scoped NVSHMEM call made by every thread of the program; any other
 tile moves element by element. Where rma's hint equals a 1-D block's length the caller has declared
-source and destination each one run, and only the mask is tested. Atomics are issued one element at a time from thread 0 (a tile
+source and destination each one run: only the mask is tested (nothing without one), and the thread
+holding element 0 hands the first addresses to the call through shared memory. Atomics are issued one element at a time from thread 0 (a tile
 loops over its elements): NVSHMEM has no float add, min or max, which loop on compare-and-swap.
 Ordering: sem release/acq_rel (the default) completes the program's earlier NVSHMEM operations
 before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
@@ -25,11 +26,12 @@ import triton
 import triton.language as tl
 
 from . import nvshmem as nv
-from . import rma as _rma  # a cycle: rma imports this module; both are complete before any kernel compiles
 from .translate import _translate
 
 INDIRECT_PEERS: tl.constexpr = tl.constexpr(os.environ.get("IRIS_INDIRECT_PEERS", "").strip() not in ("", "none"))
-from . import sync as _sync  # noqa: E402  (a cycle too: sync imports INDIRECT_PEERS from here)
+# cycles: rma and sync import INDIRECT_PEERS from here; every module is complete before any kernel compiles
+from . import rma as _rma  # noqa: E402
+from . import sync as _sync  # noqa: E402
 # atomic operations: NVSHMEM's codes where it has the operation, then the two it lacks
 ADD: tl.constexpr = nv.AMO_ADD
 CAS: tl.constexpr = nv.AMO_CAS
@@ -96,43 +98,71 @@ def _sum_min_max_min_max(n1, lo1, hi1, dlo1, dhi1, n2, lo2, hi2, dlo2, dhi2):
 
 
 @triton.jit
-def _sum_min_max_min_min(n1, lo1, hi1, a1, b1, n2, lo2, hi2, a2, b2):
-    return n1 + n2, tl.minimum(lo1, lo2), tl.maximum(hi1, hi2), tl.minimum(a1, a2), tl.minimum(b1, b2)
+def _sum_min_max(n1, lo1, hi1, n2, lo2, hi2):
+    return n1 + n2, tl.minimum(lo1, lo2), tl.maximum(hi1, hi2)
 
 
 @triton.jit
-def _min_min(a1, b1, a2, b2):
-    return tl.minimum(a1, a2), tl.minimum(b1, b2)
-
-
-@triton.jit
-def _span(a, b, mask, RUN: tl.constexpr):
+def _span(a, b, mask):
     """Whether the masked elements of pointer blocks a and b are each one contiguous range, element
     for element; then a's and b's first addresses and the byte count. One fused reduction: a
-    program's reductions each cost a shared-memory round trip and a barrier.
-    RUN: the caller declared a and b each one contiguous run in element order (rma's hint equal to
-    the block's size), so only the mask is tested, in element indices."""
+    program's reductions each cost a shared-memory round trip and a barrier."""
     ES: tl.constexpr = (a.dtype.element_ty.primitive_bitwidth + 7) // 8
     BIG: tl.constexpr = 1 << 62
     m = _mask(a, mask)
     ai = a.to(tl.int64)
-    bi = b.to(tl.int64)
-    if RUN:
-        N: tl.constexpr = a.numel
-        if mask is None:
-            a0, b0 = tl.reduce((ai, bi), None, _min_min)
-            out = tl.full([], 1, tl.int1), a0, b0, tl.full([], N * ES, tl.int64)
-        else:
-            i = tl.arange(0, N)
-            n, i0, i1, a0, b0 = tl.reduce((m.to(tl.int32), tl.where(m, i, N), tl.where(m, i, -1), ai, bi), None,
-                                          _sum_min_max_min_min)
-            out = (n > 0) & (i1 - i0 + 1 == n), a0 + i0 * ES, b0 + i0 * ES, n.to(tl.int64) * ES
+    d = b.to(tl.int64) - ai
+    n, a0, a1, d0, d1 = tl.reduce((m.to(tl.int32), tl.where(m, ai, BIG), tl.where(m, ai, -BIG),
+                                   tl.where(m, d, BIG), tl.where(m, d, -BIG)), None, _sum_min_max_min_max)
+    return (n > 0) & (d0 == d1) & (a1 - a0 == (n - 1).to(tl.int64) * ES), a0, a0 + d0, n.to(tl.int64) * ES
+
+
+@triton.jit
+def _run_span(mask, N: tl.constexpr):
+    """A tile the caller declared one run (rma's hint equal to its length): whether its masked
+    elements are one range, the first one's index and their count; no reduction without a mask."""
+    if mask is None:
+        out = tl.full([], 1, tl.int1), tl.full([], 0, tl.int32), tl.full([], N, tl.int32)
     else:
-        d = bi - ai
-        n, a0, a1, d0, d1 = tl.reduce((m.to(tl.int32), tl.where(m, ai, BIG), tl.where(m, ai, -BIG),
-                                       tl.where(m, d, BIG), tl.where(m, d, -BIG)), None, _sum_min_max_min_max)
-        out = (n > 0) & (d0 == d1) & (a1 - a0 == (n - 1).to(tl.int64) * ES), a0, a0 + d0, n.to(tl.int64) * ES
+        i = tl.arange(0, N)
+        m = _mask(i, mask)
+        n, i0, i1 = tl.reduce((m.to(tl.int32), tl.where(m, i, N), tl.where(m, i, -1)), None, _sum_min_max)
+        out = (n > 0) & (i1 - i0 + 1 == n), i0, n
     return out
+
+
+@triton.jit
+def _move_far(src, dst, pe, mask, other, hint: tl.constexpr, PUT: tl.constexpr):
+    """A tile from the caller's src into dst on PE pe (PUT), or from src on pe into the caller's dst:
+    one block-scoped NVSHMEM call made by every thread where the masked elements are one contiguous
+    range, element by element otherwise. A tile declared one run (hint) records its first addresses
+    from the thread that holds element 0 instead of reducing every element's address."""
+    m = _mask(dst, mask)
+    pe32 = tl.cast(pe, tl.int32)
+    ES: tl.constexpr = (dst.dtype.element_ty.primitive_bitwidth + 7) // 8
+    whole = tl.full([], 0, tl.int1)
+    if len(dst.shape) > 0:
+        if _covers(hint, dst.shape):
+            N: tl.constexpr = dst.numel
+            whole, i0, n = _run_span(mask, N)
+            nv.run_first(src.to(tl.int64), dst.to(tl.int64), tl.arange(0, N))
+            if whole:
+                if PUT:
+                    nv.putmem_run(i0.to(tl.int64) * ES, n.to(tl.int64) * ES, pe32)
+                else:
+                    nv.getmem_run(i0.to(tl.int64) * ES, n.to(tl.int64) * ES, pe32)
+        else:
+            whole, s0, d0, nbytes = _span(src, dst, mask)
+            if whole:
+                if PUT:
+                    nv.putmem_block(d0, s0, nbytes, pe32)
+                else:
+                    nv.getmem_block(d0, s0, nbytes, pe32)
+    if whole == 0:
+        if PUT:
+            _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
+        else:
+            tl.store(dst, _load_far(src, pe, m, other), mask=m)
 
 
 @triton.jit
@@ -156,41 +186,13 @@ def _store_far(ptr, value, pe, mask):
 
 
 @triton.jit
-def _put_far(src, dst, pe, mask, other, hint: tl.constexpr):
-    """The caller's src into dst (the caller's view of the heap) on PE pe."""
-    m = _mask(dst, mask)
-    if len(dst.shape) == 0:
-        _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
-    else:
-        whole, s0, d0, nbytes = _span(src, dst, mask, _covers(hint, dst.shape))
-        if whole:
-            nv.putmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
-        else:
-            _store_far(dst, tl.load(src, mask=m, other=other), pe, m)
-
-
-@triton.jit
-def _get_far(src, dst, pe, mask, other, hint: tl.constexpr):
-    """src (the caller's view of the heap) on PE pe into the caller's dst."""
-    m = _mask(dst, mask)
-    if len(dst.shape) == 0:
-        tl.store(dst, _load_far(src, pe, m, other), mask=m)
-    else:
-        whole, s0, d0, nbytes = _span(src, dst, mask, _covers(hint, dst.shape))
-        if whole:
-            nv.getmem_block(d0, s0, nbytes, tl.cast(pe, tl.int32))
-        else:
-            tl.store(dst, _load_far(src, pe, m, other), mask=m)
-
-
-@triton.jit
 def load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr,
          hint: tl.constexpr, eviction_policy: tl.constexpr):
     """rma.load, with from_rank reached through NVSHMEM where it is indirect."""
     if far(heap_bases, from_rank):
         out = _load_far(ptr, from_rank, mask, other)
     else:
-        out = _rma._load(_rma._hint(_translate(ptr, to_rank, from_rank, heap_bases), hint), mask, other,
+        out = _rma._load(_translate(ptr, to_rank, from_rank, heap_bases, hint), mask, other,
                          cache_modifier, volatile, eviction_policy)
     return out
 
@@ -202,7 +204,7 @@ def store(ptr, value, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, 
     if far(heap_bases, to_rank):
         _store_far(ptr, value, to_rank, mask)
     else:
-        tl.store(_rma._hint(_translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+        tl.store(_translate(ptr, from_rank, to_rank, heap_bases, hint), value, mask=mask,
                  cache_modifier=cache_modifier, eviction_policy=eviction_policy)
 
 
@@ -211,11 +213,11 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cach
         store_cache_modifier: tl.constexpr, hint: tl.constexpr):
     """rma.get, with from_rank reached through NVSHMEM where it is indirect."""
     if far(heap_bases, from_rank):
-        _get_far(from_ptr, to_ptr, from_rank, mask, other, hint)
+        _move_far(from_ptr, to_ptr, from_rank, mask, other, hint, False)
     else:
-        data = tl.load(_rma._hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask,
+        data = tl.load(_translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask,
                        other=other, cache_modifier=load_cache_modifier)
-        tl.store(_rma._hint(to_ptr, hint), data, mask=mask, cache_modifier=store_cache_modifier)
+        tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -223,10 +225,10 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cach
         store_cache_modifier: tl.constexpr, hint: tl.constexpr):
     """rma.put, with to_rank reached through NVSHMEM where it is indirect."""
     if far(heap_bases, to_rank):
-        _put_far(from_ptr, to_ptr, to_rank, mask, other, hint)
+        _move_far(from_ptr, to_ptr, to_rank, mask, other, hint, True)
     else:
-        data = tl.load(_rma._hint(from_ptr, hint), mask=mask, other=other, cache_modifier=load_cache_modifier)
-        tl.store(_rma._hint(_translate(to_ptr, from_rank, to_rank, heap_bases), hint), data, mask=mask,
+        data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+        tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
                  cache_modifier=store_cache_modifier)
 
 
@@ -237,19 +239,19 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other
     src_far = far(heap_bases, from_rank)
     dst_far = far(heap_bases, to_rank)
     if src_far & (to_rank == cur_rank):
-        _get_far(src_ptr, dst_ptr, from_rank, mask, other, hint)
+        _move_far(src_ptr, dst_ptr, from_rank, mask, other, hint, False)
     elif dst_far & (from_rank == cur_rank):
-        _put_far(src_ptr, dst_ptr, to_rank, mask, other, hint)
+        _move_far(src_ptr, dst_ptr, to_rank, mask, other, hint, True)
     else:
         if src_far:
             data = _load_far(src_ptr, from_rank, mask, other)
         else:
-            data = tl.load(_rma._hint(_translate(src_ptr, cur_rank, from_rank, heap_bases), hint), mask=mask,
+            data = tl.load(_translate(src_ptr, cur_rank, from_rank, heap_bases, hint), mask=mask,
                            other=other, cache_modifier=load_cache_modifier)
         if dst_far:
             _store_far(dst_ptr, data, to_rank, mask)
         else:
-            tl.store(_rma._hint(_translate(dst_ptr, cur_rank, to_rank, heap_bases), hint), data, mask=mask,
+            tl.store(_translate(dst_ptr, cur_rank, to_rank, heap_bases, hint), data, mask=mask,
                      cache_modifier=store_cache_modifier)
 
 
@@ -365,7 +367,7 @@ def atomic(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask
     if far(heap_bases, to_rank):
         out = _atomic_far(OP, ptr, val, cmp, to_rank, mask, sem)
     else:
-        p = _rma._hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
+        p = _translate(ptr, from_rank, to_rank, heap_bases, hint)
         out = _atomic_near(OP, p, val, cmp, mask, sem, scope).to(ptr.dtype.element_ty)  # cas: val's type
     return out
 

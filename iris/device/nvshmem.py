@@ -173,6 +173,26 @@ def putmem_block(dst, src, nbytes, pe, _semantic=None):
 
 
 @core.extern
+def run_first(src, dst, index, _semantic=None):
+    """Called on every element of a tile declared one run (int64 addresses, int32 indices): where
+    index is 0 it records src and dst for putmem_run/getmem_run, with no reduction."""
+    return _extern("iris_run_first", [src, dst, index], ("int64", "int64", "int32"), "int32", _semantic)
+
+
+@core.extern
+def putmem_run(offset, nbytes, pe, _semantic=None):
+    """nvshmemx_putmem_block of nbytes from offset bytes into the run run_first recorded: every
+    thread calls it."""
+    return _extern("iris_putmem_run", [offset, nbytes, pe], ("int64", "int64", "int32"), "int32", _semantic)
+
+
+@core.extern
+def getmem_run(offset, nbytes, pe, _semantic=None):
+    """nvshmemx_getmem_block likewise (src: the peer's side of the run): every thread calls it."""
+    return _extern("iris_getmem_run", [offset, nbytes, pe], ("int64", "int64", "int32"), "int32", _semantic)
+
+
+@core.extern
 def getmem_block(dst, src, nbytes, pe, _semantic=None):
     """nvshmemx_getmem_block: every thread of the program calls it with the same arguments."""
     return _extern("iris_getmem_block", [dst, src, nbytes, pe], ("int64", "int64", "int64", "int32"), "int32",

@@ -10,6 +10,8 @@ target datalayout = "e-p3:32:32-p4:32:32-p5:32:32-p6:32:32-p7:32:32-i64:64-i128:
 target triple = "nvptx64-nvidia-cuda"
 
 @iris_nvshmem_word = internal addrspace(3) global i64 undef, align 8
+@iris_run_src = internal addrspace(3) global i64 undef, align 8
+@iris_run_dst = internal addrspace(3) global i64 undef, align 8
 
 declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()
 declare void @nvshmemx_putmem_block(ptr, ptr, i64, i32)
@@ -43,6 +45,46 @@ define i32 @iris_putmem_block(i64 %dst, i64 %src, i64 %bytes, i32 %pe) #0 {
   %d = inttoptr i64 %dst to ptr
   %s = inttoptr i64 %src to ptr
   call void @nvshmemx_putmem_block(ptr %d, ptr %s, i64 %bytes, i32 %pe)
+  ret i32 0
+}
+
+; A tile that its caller declared one run: the thread holding element 0 records the first source and
+; destination addresses (called for every element; inlined), and the block call that follows reads
+; them after one barrier (offset: the first moved element's, in bytes), where a reduction over every
+; element's address costs a shuffle tree and two more barriers. The next tile's record cannot
+; overtake a read: NVSHMEM's block calls end in a barrier.
+define i32 @iris_run_first(i64 %src, i64 %dst, i32 %i) #1 {
+  %first = icmp eq i32 %i, 0
+  br i1 %first, label %keep, label %out
+keep:
+  store i64 %src, ptr addrspace(3) @iris_run_src, align 8
+  store i64 %dst, ptr addrspace(3) @iris_run_dst, align 8
+  br label %out
+out:
+  ret i32 0
+}
+
+define i32 @iris_putmem_run(i64 %offset, i64 %bytes, i32 %pe) #0 {
+  call void asm sideeffect "bar.sync 0;", "~{memory}"()
+  %s0 = load i64, ptr addrspace(3) @iris_run_src, align 8
+  %d0 = load i64, ptr addrspace(3) @iris_run_dst, align 8
+  %s = add i64 %s0, %offset
+  %d = add i64 %d0, %offset
+  %sp = inttoptr i64 %s to ptr
+  %dp = inttoptr i64 %d to ptr
+  call void @nvshmemx_putmem_block(ptr %dp, ptr %sp, i64 %bytes, i32 %pe)
+  ret i32 0
+}
+
+define i32 @iris_getmem_run(i64 %offset, i64 %bytes, i32 %pe) #0 {
+  call void asm sideeffect "bar.sync 0;", "~{memory}"()
+  %s0 = load i64, ptr addrspace(3) @iris_run_src, align 8
+  %d0 = load i64, ptr addrspace(3) @iris_run_dst, align 8
+  %s = add i64 %s0, %offset
+  %d = add i64 %d0, %offset
+  %sp = inttoptr i64 %s to ptr
+  %dp = inttoptr i64 %d to ptr
+  call void @nvshmemx_getmem_block(ptr %dp, ptr %sp, i64 %bytes, i32 %pe)
   ret i32 0
 }
 
@@ -248,3 +290,4 @@ share:
 }
 
 attributes #0 = { noinline }
+attributes #1 = { alwaysinline }

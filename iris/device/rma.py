@@ -15,13 +15,6 @@ from .indirect import INDIRECT_PEERS
 
 
 @triton.jit
-def _hint(ptr, hint: tl.constexpr):
-    if hint is not None:
-        ptr = tl.max_contiguous(tl.multiple_of(ptr, hint), hint)
-    return ptr
-
-
-@triton.jit
 def _load(p, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr, eviction_policy: tl.constexpr):
     # ptxas (CUDA 12.8/12.9, sm_90) fails on ld.volatile with a cache operator: volatile already
     # bypasses the caches, so the modifier is dropped there rather than compiled into a bad instruction.
@@ -47,7 +40,7 @@ def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modif
     if INDIRECT_PEERS:
         return _indirect.load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier, volatile, hint,
                               eviction_policy)
-    p = _hint(_translate(ptr, to_rank, from_rank, heap_bases), hint)
+    p = _translate(ptr, to_rank, from_rank, heap_bases, hint)
     return _load(p, mask, other, cache_modifier, volatile, eviction_policy)
 
 
@@ -62,7 +55,7 @@ def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.conste
     """
     if INDIRECT_PEERS:
         return _indirect.store(ptr, value, from_rank, to_rank, heap_bases, mask, hint, cache_modifier, eviction_policy)
-    p = _hint(_translate(ptr, from_rank, to_rank, heap_bases), hint)
+    p = _translate(ptr, from_rank, to_rank, heap_bases, hint)
     tl.store(p, value, mask=mask, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
 
 
@@ -76,15 +69,16 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask=None, other=None,
     from_rank: the rank read; heap_bases: ctx.get_heap_bases(). Same positions as load and as Iris's
     code and tests call get (its docstring names them the other way round). mask applies to the read
     and the write; other fills masked lanes of the read; load_/store_cache_modifier go to tl.load/
-    tl.store. hint: as for load, applied to the remote pointer and to_ptr; a hint equal to a 1-D block's
-    length declares the block one contiguous run, which lets an indirect peer's tile skip the address test.
+    tl.store. hint: as for load, applied to the remote pointer (a local pointer keeps what the calling
+    kernel declares: tl.multiple_of there); a hint equal to a 1-D block's length declares the block one
+    contiguous run, which lets an indirect peer's tile skip the address test.
     """
     if INDIRECT_PEERS:
         return _indirect.get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier,
                              store_cache_modifier, hint)
-    data = tl.load(_hint(_translate(from_ptr, to_rank, from_rank, heap_bases), hint), mask=mask, other=other,
+    data = tl.load(_translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask, other=other,
                    cache_modifier=load_cache_modifier)
-    tl.store(_hint(to_ptr, hint), data, mask=mask, cache_modifier=store_cache_modifier)
+    tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -99,8 +93,8 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
     if INDIRECT_PEERS:
         return _indirect.put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
                              store_cache_modifier, hint)
-    data = tl.load(_hint(from_ptr, hint), mask=mask, other=other, cache_modifier=load_cache_modifier)
-    tl.store(_hint(_translate(to_ptr, from_rank, to_rank, heap_bases), hint), data, mask=mask,
+    data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+    tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
              cache_modifier=store_cache_modifier)
 
 
@@ -116,7 +110,7 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
     if INDIRECT_PEERS:
         return _indirect.copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other,
                               load_cache_modifier, store_cache_modifier, hint)
-    data = tl.load(_hint(_translate(src_ptr, cur_rank, from_rank, heap_bases), hint), mask=mask, other=other,
+    data = tl.load(_translate(src_ptr, cur_rank, from_rank, heap_bases, hint), mask=mask, other=other,
                    cache_modifier=load_cache_modifier)
-    tl.store(_hint(_translate(dst_ptr, cur_rank, to_rank, heap_bases), hint), data, mask=mask,
+    tl.store(_translate(dst_ptr, cur_rank, to_rank, heap_bases, hint), data, mask=mask,
              cache_modifier=store_cache_modifier)

@@ -66,10 +66,12 @@ def _check(ptr, from_rank, to_rank, heap_bases):
 
 
 @triton.jit
-def _translate(ptr, from_rank, to_rank, heap_bases):
+def _translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
     # The bases are arbitrary 64-bit addresses and their difference may be negative; it is added
     # in whole elements so that ptr keeps its type. Heap bases are at least 256-byte aligned, and
-    # telling the compiler the offset is a multiple of 16 bytes keeps 128-bit accesses.
+    # telling the compiler the offset is a multiple of 16 bytes keeps 128-bit accesses. hint (rma's)
+    # goes on the pointer made here: Triton keeps tl.multiple_of/max_contiguous only on a value that
+    # an operation of the same function produced, and drops it on an argument of an inlined function.
     if DEBUG:
         _check(ptr, from_rank, to_rank, heap_bases)
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # int1 is stored in a byte
@@ -78,7 +80,10 @@ def _translate(ptr, from_rank, to_rank, heap_bases):
         delta = delta // ELEM
     if len(delta.shape) == 0:
         delta = tl.multiple_of(delta, 16 // ELEM)
-    return ptr + delta
+    out = ptr + delta
+    if hint is not None:
+        out = tl.max_contiguous(tl.multiple_of(out, hint), hint)
+    return out
 
 
 @triton.jit
