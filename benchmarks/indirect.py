@@ -10,7 +10,11 @@ then mixed (IRIS_INDIRECT_PEERS=all: heap_bases has 0 for the peer, so iris reac
 a second table built from nvshmem_ptr reaches the same peer by loads and stores from the same compiled
 kernel). Rank 0 puts to and gets from rank 1, 4 KiB to max-mib; eager: median of CUDA-event-timed
 launches; graph: median of replays of a graph of CALLS launches, per launch. Every element of a whole
-put and a whole get is checked through each table. The mixed job then runs ctx.ccl's all_reduce (4 KiB
+put and a whole get is checked through each table; a graph of NVSHMEM's stream puts counts only where
+its replay moved the data. The mixed job also times the form a tuned kernel takes (declared_run: tiles
+declared one run with hint=BLOCK, 4 programs per SM of 16 warps), with NVSHMEM's block put called
+directly on the same tiles as the control, and launch shapes at 16 and 256 MiB (launch_shapes).
+The mixed job then runs ctx.ccl's all_reduce (4 KiB
 to ccl-max-mib) and one all_gather through its put kernel on every rank, reaching the peer indirectly
 and directly, beside the load/store kernel a job without indirect peers runs; each result is checked
 element by element before it is timed. With both ranks on one GPU the collectives' kernels take turns
@@ -42,13 +46,16 @@ JOBS = {"plain": "", "mixed": "all"}  # job -> IRIS_INDIRECT_PEERS
 
 @triton.jit
 def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, PUT: tl.constexpr, HINT: tl.constexpr = None):
-    """Grid-stride loop over whole tiles: PUT writes my src into peer's dst; else reads peer's src into my dst."""
+    """Grid-stride loop over whole tiles: PUT writes my src into peer's dst; else reads peer's src into my dst.
+    HINT: each tile one aligned run of HINT elements, declared to iris and on the kernel's own pointers."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        o = start + tl.arange(0, BLOCK)
+        s, d = src + start + tl.arange(0, BLOCK), dst + start + tl.arange(0, BLOCK)
+        if HINT is not None:
+            s, d = tl.max_contiguous(tl.multiple_of(s, HINT), HINT), tl.max_contiguous(tl.multiple_of(d, HINT), HINT)
         if PUT:
-            iris.put(src + o, dst + o, me, peer, heap_bases, hint=HINT)
+            iris.put(s, d, me, peer, heap_bases, hint=HINT)
         else:
-            iris.get(src + o, dst + o, me, peer, heap_bases, hint=HINT)
+            iris.get(s, d, me, peer, heap_bases, hint=HINT)
 
 
 @triton.jit
@@ -59,12 +66,27 @@ def nvshmem_put_kernel(src, dst, n, peer, BLOCK: tl.constexpr):
                         tl.cast(peer, tl.int32))
 
 
-def _graph_us(dev, fn, reps):
-    """Median µs per call of fn from replays of a CUDA graph of CALLS calls; the error where capture fails."""
+def _graph_us(dev, fn, reps, check=None):
+    """Median µs per call of fn from replays of a CUDA graph of CALLS calls; the error where capture fails.
+    check(replay): whether one replay moved the data (a call that escapes the capture leaves none)."""
     try:
-        return statistics.median(timed(dev, captured(fn, CALLS).replay, reps)) * 1e6 / CALLS
+        graph = captured(fn, CALLS)
+        if check is not None and not check(graph.replay):
+            return "not captured: a replay of the graph left the destination as it was"
+        return statistics.median(timed(dev, graph.replay, reps)) * 1e6 / CALLS
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
         return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _landed(launch, src, dst, n, replay):
+    """Whether replay() writes src[:n] into the peer's dst: poisons it there, replays, reads it back, each
+    through launch(put, n, a, b) (copy_kernel over loads and stores; whole tiles)."""
+    m = -(-n // BLOCK) * BLOCK
+    launch(True, m, torch.full((m,), -7.0, device=src.device), dst)
+    replay()
+    back = torch.full((m,), -9.0, device=src.device)
+    launch(False, m, dst, back)
+    return bool(torch.equal(back[:n], src[:n]))
 
 
 def _plans(ctx, kind, out, x, direct, cfg):
@@ -150,8 +172,8 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
     grid = (torch.cuda.get_device_properties(dev).multi_processor_count,)
     out = {"tables": list(tables), "kernels": {}, "checks": {}, "rows": []}
 
-    def launch(table, put, n):
-        return copy_kernel[grid](src, dst, n, me, peer, table, BLOCK=BLOCK, PUT=put)
+    def launch(table, put, n, a=src, b=dst):
+        return copy_kernel[grid](a, b, n, me, peer, table, BLOCK=BLOCK, PUT=put)
 
     ctx.barrier()
     for how, table in tables.items():  # every element of a whole put (checked on the peer) and a whole get
@@ -175,8 +197,10 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
     ctx.barrier()
     print(f"{time.strftime('%H:%M:%S')} {name} rank {me}: compiled and checked {out['checks']}", flush=True)
     if me == 0:
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        put_on_stream = nvshmem_runtime.load()[1].putmem_on_stream
+        on_stream = nvshmem_runtime.load()[1].putmem_on_stream
+
+        def put_on_stream(d, s, b, pe):  # the stream current at the call: a graph's capture stream
+            on_stream(d, s, b, pe, torch.cuda.current_stream(dev).cuda_stream)
         nbytes = 4 * KiB
         while nbytes <= max_mib * MiB:
             n, reps = nbytes // 4, 10 if nbytes >= 64 * MiB else 30
@@ -187,7 +211,7 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
                     row[f"{how}_{op}_eager_us"] = statistics.median(timed(dev, fn, reps)) * 1e6
                     row[f"{how}_{op}_graph_us"] = _graph_us(dev, fn, max(3, reps // 5))
             if name == "plain":
-                fn = (lambda b=nbytes: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer, stream))
+                fn = (lambda b=nbytes: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer))
                 row["nvshmem_stream_put_eager_us"] = statistics.median(timed(dev, fn, reps)) * 1e6
             out["rows"].append(row)
             print(f"{time.strftime('%H:%M:%S')} {name}: " + ", ".join(
@@ -197,8 +221,10 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
             out["shapes"] = _shapes(ctx, src, dst, tables, grid[0], max_mib)
             out["declared"] = _declared(ctx, src, dst, tables, grid[0], max_mib)
         for row in out["rows"] if name == "plain" else ():  # last: a failed capture must not cost the rest
-            fn = (lambda b=row["bytes"]: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer, stream))
-            row["nvshmem_stream_put_graph_us"] = _graph_us(dev, fn, 3 if row["bytes"] >= 64 * MiB else 6)
+            fn = (lambda b=row["bytes"]: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer))
+            row["nvshmem_stream_put_graph_us"] = _graph_us(dev, fn, 3 if row["bytes"] >= 64 * MiB else 6,
+                                                           check=lambda r, c=row["bytes"] // 4: _landed(
+                                                               lambda p, m, a, b: launch(hb, p, m, a, b), src, dst, c, r))
             if isinstance(row["nvshmem_stream_put_graph_us"], str):
                 break
     ctx.barrier()
@@ -211,21 +237,33 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
 
 
 def _declared(ctx, src, dst, tables, sms, max_mib, per_sm=4, warps=16):
-    """A put of 1 MiB and up as a program that declares its tiles one run writes it (hint=BLOCK, 4
-    programs per SM of 16 warps): µs through each table, eager and from a CUDA graph, and the ratio."""
+    """A put and a get of 1 MiB and up as a program that declares its tiles one run writes them
+    (hint=BLOCK, 4 programs per SM of 16 warps), tiles of 4096 and 16384 fp32: µs through each table,
+    and of NVSHMEM's block put called directly on the same tiles (the control), eager and from a CUDA
+    graph, with each kernel's registers (4 programs of 16 warps fit an SM at 32 or fewer)."""
     me, dev, rows, nbytes = ctx.get_rank(), ctx.get_device(), [], MiB
+    grid, peer = (sms * per_sm,), 1 - me
     while nbytes <= max_mib * MiB:
-        row = {"bytes": nbytes, "programs_per_sm": per_sm, "num_warps": warps}
-        for how, table in tables.items():
-            fn = (lambda t=table, b=nbytes: copy_kernel[(sms * per_sm,)](src, dst, b // 4, me, 1 - me, t, BLOCK=BLOCK,
-                                                                        PUT=True, HINT=BLOCK, num_warps=warps))
-            row[f"{how}_put_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
-            row[f"{how}_put_graph_us"] = _graph_us(dev, fn, 5)
-        for mode in ("eager", "graph"):
-            row[f"indirect_over_direct_{mode}"] = _ratio(row[f"indirect_put_{mode}_us"], row[f"direct_put_{mode}_us"])
-        rows.append(row)
-        print(f"{time.strftime('%H:%M:%S')} declared run: " + ", ".join(
-            f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+        for block in (BLOCK, 4 * BLOCK):
+            row = {"bytes": nbytes, "block": block, "programs_per_sm": per_sm, "num_warps": warps}
+            fns = {f"{how}_{op}": (lambda t=table, p=(op == "put"), b=nbytes, k=block: copy_kernel[grid](
+                src, dst, b // 4, me, peer, t, BLOCK=k, PUT=p, HINT=k, num_warps=warps))
+                for how, table in tables.items() for op in ("put", "get")}
+            fns["nvshmem_block_put"] = (lambda b=nbytes, k=block: nvshmem_put_kernel[grid](
+                src, dst, b // 4, peer, BLOCK=k, num_warps=warps))
+            for name, fn in fns.items():
+                row[f"{name}_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
+                row[f"{name}_graph_us"] = _graph_us(dev, fn, 5)
+                row[f"{name}_registers"] = fn().n_regs
+            for mode in ("eager", "graph"):
+                for op in ("put", "get"):
+                    row[f"indirect_over_direct_{op}_{mode}"] = _ratio(row[f"indirect_{op}_{mode}_us"],
+                                                                      row[f"direct_{op}_{mode}_us"])
+                row[f"indirect_over_nvshmem_block_put_{mode}"] = _ratio(row[f"indirect_put_{mode}_us"],
+                                                                        row[f"nvshmem_block_put_{mode}_us"])
+            rows.append(row)
+            print(f"{time.strftime('%H:%M:%S')} declared run: " + ", ".join(
+                f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
         nbytes *= 4
     return rows
 
