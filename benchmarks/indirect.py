@@ -78,6 +78,19 @@ def _graph_us(dev, fn, reps, check=None):
         return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
 
 
+def _interleaved(dev, fns, rounds=10, reps=3):
+    """{name_eager_us, name_graph_us}: medians of rounds x reps timings of each fn, eager and as a replay of
+    a graph of CALLS calls (per call), the fns taking turns each round so that drift hits them alike."""
+    graphs = {name: captured(fn, CALLS) for name, fn in fns.items()}
+    eager, graph = {name: [] for name in fns}, {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            eager[name] += timed(dev, fn, reps, warmup=1)
+            graph[name] += timed(dev, graphs[name].replay, reps, warmup=1)
+    return {**{f"{n}_eager_us": statistics.median(t) * 1e6 for n, t in eager.items()},
+            **{f"{n}_graph_us": statistics.median(t) * 1e6 / CALLS for n, t in graph.items()}}
+
+
 def _landed(launch, src, dst, n, replay):
     """Whether replay() writes src[:n] into the peer's dst: poisons it there, replays, reads it back, each
     through launch(put, n, a, b) (copy_kernel over loads and stores; whole tiles)."""
@@ -209,7 +222,7 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
                 for op, put in (("put", True), ("get", False)):
                     fn = (lambda t=table, p=put, c=n: launch(t, p, c))
                     row[f"{how}_{op}_eager_us"] = statistics.median(timed(dev, fn, reps)) * 1e6
-                    row[f"{how}_{op}_graph_us"] = _graph_us(dev, fn, max(3, reps // 5))
+                    row[f"{how}_{op}_graph_us"] = _graph_us(dev, fn, reps)
             if name == "plain":
                 fn = (lambda b=nbytes: put_on_stream(dst.data_ptr(), src.data_ptr(), b, peer))
                 row["nvshmem_stream_put_eager_us"] = statistics.median(timed(dev, fn, reps)) * 1e6
@@ -240,7 +253,8 @@ def _declared(ctx, src, dst, tables, sms, max_mib, per_sm=4, warps=16):
     """A put and a get of 1 MiB and up as a program that declares its tiles one run writes them
     (hint=BLOCK, 4 programs per SM of 16 warps), tiles of 4096 and 16384 fp32: µs through each table,
     and of NVSHMEM's block put called directly on the same tiles (the control), eager and from a CUDA
-    graph, with each kernel's registers (4 programs of 16 warps fit an SM at 32 or fewer)."""
+    graph, taking turns (medians of 30), with each kernel's registers (4 programs of 16 warps fit an SM
+    at 32 or fewer)."""
     me, dev, rows, nbytes = ctx.get_rank(), ctx.get_device(), [], MiB
     grid, peer = (sms * per_sm,), 1 - me
     while nbytes <= max_mib * MiB:
@@ -251,9 +265,8 @@ def _declared(ctx, src, dst, tables, sms, max_mib, per_sm=4, warps=16):
                 for how, table in tables.items() for op in ("put", "get")}
             fns["nvshmem_block_put"] = (lambda b=nbytes, k=block: nvshmem_put_kernel[grid](
                 src, dst, b // 4, peer, BLOCK=k, num_warps=warps))
+            row.update(_interleaved(dev, fns))
             for name, fn in fns.items():
-                row[f"{name}_eager_us"] = statistics.median(timed(dev, fn, 10)) * 1e6
-                row[f"{name}_graph_us"] = _graph_us(dev, fn, 5)
                 row[f"{name}_registers"] = fn().n_regs
             for mode in ("eager", "graph"):
                 for op in ("put", "get"):
