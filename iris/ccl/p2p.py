@@ -26,14 +26,17 @@ class P2PState:
     """The mailbox of the p2p_state= form (Iris's P2PState): on every rank's heap, at the same offset,
     a slot of max_numel elements of dtype per sending rank, and per program and rank the count of
     messages landed (sent) and consumed (acked); this rank's counts of messages it sent and received
-    live in its device memory. Built collectively by init_p2p."""
+    live in its device memory. Built collectively by init_p2p. Program p of every message owns the
+    same part of a slot (per elements, fixed here from config's block_size and comm_sms), so its
+    acknowledgement frees exactly the part its next message writes, whatever the messages' sizes."""
 
-    def __init__(self, ctx, max_numel: int = 2 ** 20, dtype=None):
+    def __init__(self, ctx, max_numel: int = 2 ** 20, dtype=None, config=None):
         if isinstance(max_numel, bool) or not isinstance(max_numel, int) or max_numel < 1:
             raise CollectiveError(f"init_p2p: max_numel must be an int >= 1 (the most elements one message "
                                   f"holds), got {max_numel!r}")
         w = ctx.get_num_ranks()
         self.max_numel, self.dtype = max_numel, torch.bfloat16 if dtype is None else dtype
+        _, self.per, self.block = split(ctx.ccl, max_numel, self.dtype, knobs(config), PROGRAMS)
         self.inbox = ctx.zeros(w * max_numel, dtype=self.dtype)
         self.sent, self.acked = (ctx.zeros((PROGRAMS, w), dtype=torch.int64) for _ in range(2))
         self.counts = {send: torch.zeros(PROGRAMS, w, dtype=torch.int64, device=self.inbox.device)
@@ -78,8 +81,9 @@ class P2POp(NamedTuple):
 
 def init_p2p(ctx, max_numel: int = 2 ** 20, dtype=None, config=None) -> P2PState:
     """A mailbox for send/recv(p2p_state=) of any tensors up to max_numel elements of dtype (default
-    bfloat16). Collective: all ranks, same order, same sizes."""
-    return P2PState(ctx, max_numel, dtype)
+    bfloat16). config's block_size and comm_sms split every message among programs; a message's own
+    config sets its num_warps and spin_limit. Collective: all ranks, same order, same sizes."""
+    return P2PState(ctx, max_numel, dtype, config)
 
 
 def send(ctx, tensor, dst, p2p_state=None, group=None, tag=0, config=None) -> None:
@@ -168,16 +172,15 @@ def _mail(ccl, send, t, peer, state, group, config) -> None:
     if send and not t.is_contiguous():
         raise CollectiveError("send(p2p_state=...): tensor must be contiguous; call .contiguous() first")
     knob = knobs(config)
-    key = (send, ranks[pos], t.numel(), t.dtype, knob)
+    key = (send, ranks[pos], t.numel(), t.dtype, knob[1], knob[3])
     plan = state.plans.get(key)
     if plan is None:
         ccl._ready(f"the first {call} through a mailbox at a new size and peer builds its launch", "call it once")
-        programs, per, block = split(ccl, t.numel(), t.dtype, knob, PROGRAMS)
-        plan = state.plans[key] = Plan(mailbox_kernel, programs, knob[1] or 8, src=t, dst=slot, sent=state.sent,
-                                       acked=state.acked, counts=state.counts[send],
-                                       heap_bases=ccl.ctx.get_heap_bases(), n=t.numel(), per=per, rank=ccl.ctx.rank,
-                                       peer=ranks[pos], world=ccl.ctx.world, SEND=send, BLOCK=block, SPIN=knob[3],
-                                       FAR=ccl.puts)
+        plan = state.plans[key] = Plan(mailbox_kernel, -(-t.numel() // state.per), knob[1] or 8, src=t, dst=slot,
+                                       sent=state.sent, acked=state.acked, counts=state.counts[send],
+                                       heap_bases=ccl.ctx.get_heap_bases(), n=t.numel(), per=state.per,
+                                       rank=ccl.ctx.rank, peer=ranks[pos], world=ccl.ctx.world, SEND=send,
+                                       BLOCK=state.block, SPIN=knob[3], FAR=ccl.puts)
     if send:
         plan(t, slot)
     elif t.is_contiguous():
