@@ -251,14 +251,14 @@ def _job(name, max_mib, ccl_max_mib=0, reps=20):
 
 def _declared(ctx, src, dst, tables, sms, max_mib, per_sm=4, warps=16):
     """A put and a get of 1 MiB and up as a program that declares its tiles one run writes them
-    (hint=BLOCK, 4 programs per SM of 16 warps), tiles of 4096 and 16384 fp32: µs through each table,
-    and of NVSHMEM's block put called directly on the same tiles (the control), eager and from a CUDA
-    graph, taking turns (medians of 30), with each kernel's registers (4 programs of 16 warps fit an SM
-    at 32 or fewer)."""
+    (hint=BLOCK, 4 programs per SM of 16 warps), tiles of 2048, 4096 and 16384 fp32: µs through each
+    table, and of NVSHMEM's block put called directly on the same tiles (the control), eager and from a
+    CUDA graph, taking turns (medians of 30), with each kernel's registers (4 programs of 16 warps fit
+    an SM at 32 or fewer)."""
     me, dev, rows, nbytes = ctx.get_rank(), ctx.get_device(), [], MiB
     grid, peer = (sms * per_sm,), 1 - me
     while nbytes <= max_mib * MiB:
-        for block in (BLOCK, 4 * BLOCK):
+        for block in (BLOCK // 2, BLOCK, 4 * BLOCK):
             row = {"bytes": nbytes, "block": block, "programs_per_sm": per_sm, "num_warps": warps}
             fns = {f"{how}_{op}": (lambda t=table, p=(op == "put"), b=nbytes, k=block: copy_kernel[grid](
                 src, dst, b // 4, me, peer, t, BLOCK=k, PUT=p, HINT=k, num_warps=warps))
