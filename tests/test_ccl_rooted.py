@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import iris
-from iris.ccl import CollectiveError, Config, ReduceOp
+from iris.ccl import CollectiveError, Config, ConfigError, ReduceOp
 from iris.ccl.p2p import P2POp, irecv, isend
 from test_ccl import POISON, _data, _poisoned, _progress, _reduce, _same, wrong_errors
 from test_ccl_groups import OPS, Slots, _dist
@@ -219,6 +219,10 @@ def check_mailbox(ctx, cfg, rep, dtype=torch.float32, cap=64):
          "contiguous"),
         (lambda: ccl.batch_isend_irecv([P2POp(print, plain, 0)], box), CollectiveError, "isend, irecv"),
         (lambda: ccl.init_p2p(max_numel=0), CollectiveError, "max_numel must be"),
+        (lambda: ccl.init_p2p(max_numel=8, config="fast"), ConfigError, "must be an iris.ccl.Config"),
+        (lambda: ccl.send(plain, dst=(r + 1) % w, p2p_state=box, config={"block_size": 16}), ConfigError,
+         "must be an iris.ccl.Config"),
+        (lambda: ccl.all_reduce(plain, plain, config="fast"), ConfigError, "must be an iris.ccl.Config"),
     ])
     return bad
 

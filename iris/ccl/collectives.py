@@ -22,7 +22,7 @@ from ..allocators.offsets import round_up
 from ..errors import IrisError
 from ..distributed.host_collectives import group_ranks
 from .launch import Launcher
-from .config import Config, ConfigError, ReduceOp
+from .config import Config, ConfigError, ReduceOp, checked
 from .group_kernel import group_kernel
 from .kernels import pull_kernel, push_kernel, two_shot_kernel
 from .variants import (accumulate_kernel, gather_push_kernel, ring_gather_kernel, ring_kernel,
@@ -133,7 +133,7 @@ class CCL:
         """Builds (collectively) what all_reduce(out, inp) needs, so the first real call can be captured
         in a CUDA graph. Returns the plan; passing it back as workspace= is optional. Collective: all
         ranks, same order, same sizes."""
-        cfg = config or self._default
+        cfg = self._config(config)
         key = ("ar", op, inp.shape, out.shape, inp.dtype, cfg.key())
         if key not in self.plans:
             self.plans[key] = self._plan_all_reduce(out, inp, ReduceOp(op), cfg)
@@ -156,7 +156,7 @@ class CCL:
         (see docs/collectives.md). workspace= is accepted for Iris compatibility: plans are found by
         shape, so all_reduce_preamble's result need not be passed. Collective: all ranks, same
         order, same sizes."""
-        cfg = config or self._default
+        cfg = self._config(config)
         ck = cfg.key()
         if op is None:  # Iris's default
             op = ReduceOp.SUM
@@ -385,9 +385,7 @@ class CCL:
 
     def _config(self, config) -> Config:
         """config, or this context's default, validated as it stands now (Config.key() checks it)."""
-        cfg = config or self._default
-        cfg.key()
-        return cfg
+        return checked(self._default if config is None else config)
 
     def _gluon(self, call, out, inp, cfg):
         """Config(use_gluon=True): iris.ccl.gluon's kernel, imported on first use."""

@@ -155,6 +155,15 @@ class Config:
                               "all_gather_variant='partitioned' (its programs are split evenly by destination rank)")
 
 
+def checked(config):
+    """config (a Config, or None for the defaults) validated as it stands now; anything else is refused."""
+    if config is not None:
+        if not isinstance(config, Config):
+            raise ConfigError(f"config must be an iris.ccl.Config (or None: the defaults), got {type(config).__name__}")
+        config.key()
+    return config
+
+
 def _int(name, v, least) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < least:
         raise ConfigError(f"Config.{name} must be an int >= {least}, got {v!r}")

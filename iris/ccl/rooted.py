@@ -12,7 +12,7 @@ import torch
 from ..allocators.offsets import round_up
 from .launch import Launcher
 from .collectives import DTYPES, CollectiveError
-from .config import ReduceOp
+from .config import ReduceOp, checked
 from .pair_kernels import rooted_kernel
 
 _KiB = 1 << 10
@@ -47,12 +47,9 @@ class Plan:
 def knobs(config) -> tuple:
     """(block_size, num_warps, comm_sms, spin_limit) of config, 0 where automatic; a Config that can
     change after construction is checked here, where it is used."""
-    if config is None:
+    if checked(config) is None:
         return 0, 0, 0, 0
-    key = getattr(config, "key", None)
-    if key is not None:
-        key()
-    if getattr(config, "use_gluon", False):
+    if config.use_gluon:
         raise CollectiveError("these collectives have no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
     return config.block_size, config.num_warps or 0, config.comm_sms or 0, config.spin_limit
 
