@@ -49,7 +49,8 @@ def copy_kernel(src, dst, n, me, peer, heap_bases, BLOCK: tl.constexpr, PUT: tl.
     """Grid-stride loop over whole tiles: PUT writes my src into peer's dst; else reads peer's src into my dst.
     HINT: each tile one aligned run of HINT elements, declared to iris and on the kernel's own pointers."""
     for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        s, d = src + start + tl.arange(0, BLOCK), dst + start + tl.arange(0, BLOCK)
+        o = start + tl.arange(0, BLOCK)
+        s, d = src + o, dst + o
         if HINT is not None:
             s, d = tl.max_contiguous(tl.multiple_of(s, HINT), HINT), tl.max_contiguous(tl.multiple_of(d, HINT), HINT)
         if PUT:

@@ -13,8 +13,9 @@ A contiguous tile (the masked elements of source and destination are each one ra
 element) moves with one block-scoped NVSHMEM call made by every thread of the program; any other
 tile moves element by element. Where rma's hint equals a 1-D block's length the caller has declared
 source and destination each one run: only the mask is tested (nothing without one), and the thread
-holding element 0 hands the first addresses to the call through shared memory. Atomics are issued one element at a time from thread 0 (a tile
-loops over its elements): NVSHMEM has no float add, min or max, which loop on compare-and-swap.
+holding element 0 hands the first addresses to the call through shared memory. Atomics are issued
+one element at a time from thread 0 (a tile loops over its elements): NVSHMEM has no float add, min
+or max, which loop on compare-and-swap.
 Ordering: sem release/acq_rel (the default) completes the program's earlier NVSHMEM operations
 before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
 barrier of the program's threads); NVSHMEM's fetching atomics complete before they return.
