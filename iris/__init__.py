@@ -9,7 +9,7 @@ import os as _os
 from importlib import import_module as _import_module, util as _util
 
 from .errors import (BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory, IrisError,
-                     SymmetryError)
+                     ReuseTimeout, SymmetryError)
 from .platform import detect as _detect
 
 try:
@@ -45,7 +45,7 @@ def __dir__():
 
 
 __all__ = ["BootstrapError", "CaptureError", "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR",
-           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",
+           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "ReuseTimeout", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",
            "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub", "atomic_xchg",
            "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger", "put",
            "set_logger_level", "signal", "spawn", "store", "translate", "wait"]

@@ -34,7 +34,7 @@ PUT_SLOT = 16 << 10  # bytes of that receive area per program, parity and source
 def _internal_bytes(world: int, puts: bool = False) -> int:
     """Room for iris's own flags (the device barrier's, the group collectives' counters) and, where ctx.ccl moves
     data by puts, their counters and receive area: outside heap_size."""
-    used = round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world
+    used = round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world + ALIGN  # ALIGN: the heap's progress counter
     if puts:
         used += 16 * GROUP_PROGRAMS * world + PUT_PROGRAMS * 2 * world * PUT_SLOT
     return round_up(max(4096, used), ALIGN)
@@ -65,6 +65,60 @@ def _shape(size) -> torch.Size:
         if s >= 1 << 63:
             raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
     return torch.Size(size)
+
+
+def _debug_asked() -> bool:
+    """IRIS_DEBUG=1: ctx.free also checks that no other tensor views the block. Read here, in one place,
+    until iris/settings.py holds every IRIS_* setting."""
+    return os.environ.get("IRIS_DEBUG", "").strip() not in ("", "0")
+
+
+_DEBUG = _debug_asked()
+
+
+class FreedTensor(torch.Tensor):
+    """What a heap tensor becomes once ctx.free gave its block back: every use raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        raise IrisError(f"{name} on a heap tensor that ctx.free gave back: its block may hold another tensor now. "
+                        "Allocate a new tensor (or free this one later)")
+
+
+_DEAD = {}  # (dtype, device) -> an empty tensor whose storage a freed tensor takes over
+
+
+def _detach(t: torch.Tensor) -> None:
+    """Make t reach no memory: its storage becomes an empty one (so the block's owner can go) and every
+    later use raises."""
+    key = (t.dtype, t.device)
+    dead = _DEAD.get(key)
+    if dead is None:
+        dead = _DEAD[key] = torch.empty(0, dtype=t.dtype, device=t.device)
+    try:
+        t.data = dead
+        t.__class__ = FreedTensor
+    except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
+        pass
+
+
+def _check_no_other_views(t: torch.Tensor, block, base: int, rank: int) -> None:
+    """IRIS_DEBUG=1: raise naming the other tensors over the block that t's free would give back
+    (base: where this rank's heap starts)."""
+    import gc
+    lo, hi = block.offset, block.offset + max(block.nbytes, 1)
+    others = []
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor and o is not t and o.device == t.device:
+            start = o.untyped_storage().data_ptr() - base + o.storage_offset() * o.element_size()
+            if lo <= start < hi:
+                others.append(f"{tuple(o.shape)} {o.dtype} at byte {start - lo}")
+    if others or block.tensors > 1:
+        named = "; ".join(others) if others else f"{block.tensors - 1} peer view(s) or storage handle(s)"
+        raise IrisError(f"rank {rank}: ctx.free of the block at heap offset {block.offset} ({block.nbytes} bytes) "
+                        f"while other tensors still view it: {named}. They would reach memory that a later "
+                        "allocation takes; drop them (del) before the free")
 
 
 def _use_nvshmem_device_api(device: torch.device) -> None:
@@ -152,6 +206,7 @@ class Iris:
                 self._put_counters = self._internal_flags(2 * GROUP_PROGRAMS * self.world, torch.int64).view(
                     GROUP_PROGRAMS, 2, self.world)
                 self._put_area = self._internal_flags(PUT_PROGRAMS * 2 * self.world * PUT_SLOT, torch.uint8)
+            self.heap.use_counters(self._internal_flags(1, torch.int64))  # reuse of freed blocks, in stream order
             self._device_context = None
             self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
@@ -264,16 +319,19 @@ class Iris:
         return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:
-        """Take t's block out of use now; it is reused once the work every rank queued before the free
-        has finished (known at a later collective point). Collective: all ranks free the same tensors in the same
-        order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
-        freeing a block twice raises. Tensors that are simply dropped are freed at the next
-        collective point instead (see collect)."""
+        """Give t's block back now: the next allocation of its size takes it, and waits in stream order
+        (no host collective) for the work every rank queued before its free. Collective: all ranks free
+        the same tensors in the same order. t must cover its whole block (the tensor a factory
+        returned, or a view of all of it); freeing a block twice raises. Afterwards t no longer
+        reaches the block: any use of it raises. Views of it made before still do: with IRIS_DEBUG=1
+        freeing a block that other tensors view raises naming them. Tensors that are simply dropped
+        are freed at the next collective point instead (see collect)."""
         heap = self.heap
-        if type(t) is torch.Tensor:  # the usual call: the factory's tensor itself, not a copied import
+        if type(t) is torch.Tensor and not _DEBUG:  # the usual call: the factory's tensor itself, not a copied import
             block = heap._at.get(t.data_ptr() - heap._base)  # addresses are unique in a process: no device check
             if block is not None and block.nbytes == t.nbytes != 0 and block.offset not in self._imported_at:
                 heap.free_block(block)
+                _detach(t)
                 return
         block, offset = heap.block_of(heap_tensor(t, "free"))
         nbytes = t.nbytes
@@ -281,6 +339,8 @@ class Iris:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
                              f"[{offset - block.offset}, {offset - block.offset + nbytes}) of a {block.nbytes}-byte "
                              "block (a slice or part of it); free the tensor the factory returned")
+        if _DEBUG:
+            _check_no_other_views(t, block, heap._base, self.rank)
         self.heap.free(offset)
         keys = self._imported_at.get(offset) if self._imported_at else None
         if keys:  # forget the import this was (one of those at this offset, its shape and dtype first)
@@ -289,6 +349,8 @@ class Iris:
             del self._imported[key]
             if not keys:
                 del self._imported_at[offset]
+        if type(t) is torch.Tensor:
+            _detach(t)
 
     def collect(self) -> int:
         """Wait for this rank's device work, then release the blocks whose tensors are gone on every rank
