@@ -333,6 +333,8 @@ class Iris:
                 heap.free_block(block)
                 _detach(t)
                 return
+        if isinstance(t, FreedTensor):
+            raise ValueError("free: this tensor was freed already (by ctx.free); it reaches no memory now")
         block, offset = heap.block_of(heap_tensor(t, "free"))
         nbytes = t.nbytes
         if offset != block.offset or nbytes != block.nbytes:

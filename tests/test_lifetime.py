@@ -4,6 +4,7 @@ import gc
 import os
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -16,6 +17,14 @@ import iris
 host_only = pytest.mark.skipif(torch.cuda.is_available(), reason="host memory (the gpu variants cover GPUs)")
 
 ALLOCATORS = ["torch", "vmem"]
+
+
+def _skip_without(allocator):
+    if allocator == "nvshmem":
+        try:
+            import nvshmem.core  # noqa: F401
+        except Exception as e:  # the reason goes into the skip
+            pytest.skip(f"allocator='nvshmem' needs nvshmem4py ({type(e).__name__}: {e}); pip install 'iris[nvshmem]'")
 
 
 def _usage():
@@ -205,11 +214,12 @@ def test_free_of_a_slice_raises_and_frees_nothing(allocator):
 def rank_trim_under_a_tensor():
     ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
     x = ctx.full((3 << 20,), 1.0)  # 12 MiB: several chunks of their own
-    ctx.free(x)  # freed, but x is still referenced
+    y = x[:]  # a view made before the free still reaches the block (x itself no longer does)
+    ctx.free(x)  # freed, but y is still referenced
     first = ctx.trim()
-    x.fill_(2.0)  # before the fix: the chunks were unmapped, and this segfaulted
-    ok = bool((x == 2.0).all())
-    del x
+    y.fill_(2.0)  # were the chunks unmapped, this would segfault
+    ok = bool((y == 2.0).all())
+    del x, y
     gc.collect()
     second = ctx.trim()  # now nothing covers them
     ctx.close()
@@ -297,6 +307,7 @@ def rank_free_import_under_views():
     region = [ctx.heap.offset_of(t) for t in h]
     v = h[0][:10]
     pv = ctx.peer_view(h[1], q)
+    h = [h[0], h[1], h[1][:]]  # the last: a view of h[1] made before its free, which still reaches it
     ctx.barrier()
     ctx.free(h[0])
     ctx.free(h[1])
@@ -304,9 +315,9 @@ def rank_free_import_under_views():
     v.fill_(-3.0)  # unmapped at free, this crashed (a segfault on the host, an illegal address on a GPU)
     res["alias"] = bool((a[:10] == -3.0).all()) and torch.equal(a[10:].cpu(), torch.arange(10, n) + 10.0 * (r + 1))
     res["peer"] = torch.equal(pv.cpu(), torch.arange(n, 2 * n, dtype=torch.float32) + 10.0 * (q + 1))
-    res["whole"] = torch.equal(h[1], b)
+    res["whole"] = torch.equal(h[2], b)
     fresh = [ctx.full((n,), -1.0) for _ in range(4)]  # must land outside the imported region
-    res["fresh"] = all(bool((f == -1.0).all()) for f in fresh) and torch.equal(h[1], b)
+    res["fresh"] = all(bool((f == -1.0).all()) for f in fresh) and torch.equal(h[2], b)
     res["mapped"] = _foreign(ctx)
     if r == 0:
         del v, h, pv  # rank 0 lets go before the next collective point, the others after it
@@ -355,82 +366,142 @@ def test_gpu_free_of_an_import_keeps_it_mapped_under_live_views():
     _check_free_import(iris.spawn(rank_free_import_under_views, 2), host=False)
 
 
-# -- reuse waits for the work queued before the free ---------------------------------------------
+# -- reuse waits, in stream order, for the work every rank queued before the free ------------------
 LATE_BLOCK = 1024
 
 
 @triton.jit
-def _late_store(flag, dst, n, value, cur, remote, heap_bases, BLOCK: tl.constexpr):
-    """Work queued before a free that runs late: waits until cur's flag is set, then stores value
-    into dst[:n] on remote."""
-    iris.wait(flag, 1, cur, cur, heap_bases)
+def _late_store(flags, dst, n, value, cur, remote, heap_bases, BLOCK: tl.constexpr):
+    """Work queued before a free that runs late: waits until cur's flags[0] is set, stores value into
+    dst[:n] on remote, then sets remote's flags[1] (done)."""
+    iris.wait(flags, 1, cur, cur, heap_bases)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     iris.store(dst + offs, tl.full((BLOCK,), value, tl.float32), cur, remote, heap_bases, mask=offs < n)
+    iris.atomic_xchg(flags + 1, 1, cur, remote, heap_bases, sem="release", scope="sys")
 
 
-def rank_reuse_after_late_kernel(allocator, n, how):
-    """Rank 0 queues a kernel that writes rank 1's block b late (once rank 1 says so); every rank
-    then frees b (how: "free" or "scope") and allocates the same size again, and rank 1 fills that
-    and only then lets the kernel go. Reused at once, the new tensor took the late write."""
+@triton.jit
+def _wait_flag(flags, cur, heap_bases):
+    """Waits until cur's flags[1] is set (done)."""
+    iris.wait(flags + 1, 1, cur, cur, heap_bases)
+
+
+def _set_later(flag, seconds):
+    """flag[0] = 1 after seconds, from a thread (on GPUs on a stream of its own)."""
+    def go():
+        time.sleep(seconds)
+        if flag.device.type == "cuda":
+            with torch.cuda.stream(torch.cuda.Stream(flag.device)):
+                flag[:1].fill_(1)
+                torch.cuda.current_stream().synchronize()
+        else:
+            flag[:1].fill_(1)
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def rank_reuse_after_late_peer(allocator, n, how):
+    """Rank 0 queues a kernel, before the free, that writes rank 1's copy of block b late (a second
+    after); every rank frees b (how: "free" or "scope") and at once allocates its size again, which
+    takes b's block, and fills it. The new tensor must keep its fill: rank 1's allocation waits for
+    rank 0's work before its free. Without the wait the late store lands on it."""
     ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
     r, dev = ctx.get_rank(), ctx.get_device()
-    flag = ctx.zeros(1, dtype=torch.int32)
+    flags = ctx.zeros(2, dtype=torch.int32)  # [0]: go (rank 0's), [1]: done (rank 1's)
     scope = ctx.scope()
     if how == "scope":
         scope.__enter__()
     b = ctx.full((n,), 1.0)
     where = ctx.heap.offset_of(b)
     ctx.barrier()
-    late = None
+    setter = None
     if r == 0:
-        grid = (triton.cdiv(n, LATE_BLOCK),)
-
-        def launch():
-            _late_store[grid](flag, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
-        if dev.type == "cuda":
-            launch()  # queued on the stream: it runs while this rank goes on
-        else:  # the interpreter runs a kernel inside the launch: a thread stands in for the stream
-            late = threading.Thread(target=launch)
-            late.start()
+        setter = _set_later(flags, 1.0)
+        _late_store[(triton.cdiv(n, LATE_BLOCK),)](flags, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
     if how == "scope":
         scope.__exit__(None, None, None)
     else:
         ctx.free(b)
+    before = ctx.heap.stats
     c = ctx.full((n,), 5.0)
-    reused = ctx.heap.offset_of(c) == where
+    after = ctx.heap.stats
     if r == 1:
-        ctx.peer_view(flag, 0).fill_(1)  # in stream order after c's fill
-    if late is not None:
-        late.join()  # the host's stand-in finishes before this rank's next collective point
-    ctx.barrier()  # rank 0's kernel has finished
-    got = c.cpu().clone()  # .cpu() of a host tensor is the tensor itself
-    landed = b.cpu().clone()  # b is freed but still referenced: its memory is mapped, and shows the late write
-    again = ctx.full((n,), 6.0)  # after the point, b's block is back in the pool
-    res = {"reused_at_once": reused, "c": torch.equal(got, torch.full((n,), 5.0)),
-           "landed": torch.equal(landed, torch.full((n,), -7.0 if r == 1 else 1.0)),
-           "reused_after_point": ctx.heap.offset_of(again) == where and bool((again == 6.0).all())}
+        _wait_flag[(1,)](flags, 1, ctx.get_heap_bases())  # after the free, waiting for work before it: allowed
+    if setter is not None:
+        setter.join()
+    ctx.barrier()
+    res = {"reused": ctx.heap.offset_of(c) == where, "c": torch.equal(c.cpu(), torch.full((n,), 5.0)),
+           "no_point": after["exchanges"] == before["exchanges"] and after["growths"] == before["growths"]}
     ctx.close()
     return res
 
 
 @pytest.mark.parametrize("how", ["free", "scope"])
-def test_reuse_waits_for_work_queued_before_the_free(how):
-    out = iris.spawn(rank_each_allocator, 2, args=(rank_reuse_after_late_kernel, 3000, how))
+def test_reuse_waits_for_a_late_peer_write_queued_before_the_free(how):
+    out = iris.spawn(rank_each_allocator, 2, args=(rank_reuse_after_late_peer, 3000, how))
     for r, rank in enumerate(out):
         for allocator, res in zip(ALLOCATORS, rank):
-            assert not res["reused_at_once"] and res["c"], \
-                f"{allocator}, rank {r}: a block was reused under a kernel that still wrote it: {res}"
-            assert res["landed"], f"{allocator}, rank {r}: the late kernel did not write b after the free: {res}"
-            assert res["reused_after_point"], f"{allocator}, rank {r}: the block did not come back at the next point: {res}"
+            assert res["reused"] and res["no_point"], f"{allocator}, rank {r}: the block was not reused at once: {res}"
+            assert res["c"], f"{allocator}, rank {r}: a peer's late write landed on the tensor that reused its block"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ALLOCATORS + ["nvshmem"])
+def test_gpu_reuse_waits_for_a_late_peer_write_queued_before_the_free(allocator):
+    _skip_without(allocator)
+    for r, res in enumerate(iris.spawn(rank_reuse_after_late_peer, 2, args=(allocator, 1 << 20, "free"))):
+        assert res["reused"] and res["no_point"] and res["c"], f"rank {r}: {res}"
+
+
+def rank_reuse_violation(allocator, n):
+    """The broken rule: rank 0's work before its free of b waits for rank 1's work after its free (a
+    flag rank 1 sets only after reusing b's block). Rank 1's reuse must time out with an error
+    naming the block and rank 0, not hang."""
+    os.environ["IRIS_REUSE_TIMEOUT"] = "2"
+    ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
+    r, dev = ctx.get_rank(), ctx.get_device()
+    flags = ctx.zeros(2, dtype=torch.int32)  # [0]: rank 0's go flag
+    b = ctx.full((n,), 1.0)
+    where = ctx.heap.offset_of(b)
+    ctx.barrier()
+    if r == 0:  # on the host the kernel runs inside the launch: rank 0 stops here until rank 1 sets the flag
+        _late_store[(triton.cdiv(n, LATE_BLOCK),)](flags, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
+    ctx.free(b)
+    error, started = "", time.monotonic()
+    try:
+        ctx.full((n,), 5.0)  # rank 1: reuses b's block, so waits for rank 0's free
+    except iris.ReuseTimeout as e:
+        error = str(e)
+    if r == 1:
+        ctx.peer_view(flags, 0)[:1].fill_(1)  # what rank 0's kernel waited for
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # returns once the watchdog has let the stream go on
+            try:
+                ctx.barrier()
+            except iris.ReuseTimeout as e:
+                error = str(e)
+    ctx.barrier()
+    ctx.close()
+    return error, where, time.monotonic() - started
+
+
+def _check_violation(out):
+    error, where, took = out[1]
+    assert f"offset {where}" in error and "rank(s) 0" in error and "IRIS_REUSE_TIMEOUT" in error, error
+    assert took < 30, took
+    assert out[0][0] == "", out[0]
+
+
+@host_only
+def test_reuse_that_breaks_the_ordering_rule_times_out_naming_block_and_ranks():
+    _check_violation(iris.spawn(rank_reuse_violation, 2, args=("vmem", 3000)))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_gpu_reuse_waits_for_work_queued_before_the_free(allocator):
-    for r, res in enumerate(iris.spawn(rank_reuse_after_late_kernel, 2, args=(allocator, 1 << 20, "free"))):
-        assert not res["reused_at_once"] and res["c"], f"rank {r}: reused under a kernel that still wrote it: {res}"
-        assert res["landed"], f"rank {r}: the late kernel did not write b after the free: {res}"
-        assert res["reused_after_point"], res
+def test_gpu_reuse_that_breaks_the_ordering_rule_times_out(allocator):
+    _check_violation(iris.spawn(rank_reuse_violation, 2, args=(allocator, 1 << 16)))
 
 
 # -- GPUs ---------------------------------------------------------------------------------------

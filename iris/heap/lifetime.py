@@ -106,7 +106,7 @@ class Lifetimes:
         recorded here on the current stream marks the work queued before them. sync: a stream, or
         True for the whole device, to wait for first (then that work is known to have finished)."""
         if self.progress is not None and self.progress.failed is not None:
-            raise self.progress.failed
+            self.progress.raise_failed()
         self._points = point = self._points + 1
         if self._capturable:  # a GPU
             if torch.cuda.is_current_stream_capturing():  # no event may be recorded or queried in capture

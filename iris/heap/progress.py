@@ -89,6 +89,9 @@ class HostProgress:
             raise _violation(offset, nbytes, epoch, late, self.rank, self.timeout)
         self.done = epoch
 
+    def raise_failed(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -125,9 +128,15 @@ class StreamProgress:
     def synced(self) -> None:
         self.done = self.epoch
 
+    def raise_failed(self) -> None:
+        """Raise the ReuseTimeout the watchdog found, once (the rank may go on to a collective point)."""
+        failed, self.failed = self.failed, None
+        if failed is not None:
+            raise failed
+
     def wait(self, epoch: int, offset: int, nbytes: int) -> None:
         if self.failed is not None:
-            raise self.failed
+            self.raise_failed()
         stream = self._stream()
         last_stream, last = self._waited
         if stream == last_stream and epoch <= last:

@@ -88,16 +88,16 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self.check_symmetry(f"allocate({nbytes}, 256)")
         size = ((nbytes or 1) + 255) & -256
         offset = self._reuse(size)
-        if offset is None:
+        fresh = offset is None
+        if fresh:
             offset = self._allocate(nbytes, size)
-            self._fresh(offset, nbytes)
-        elif self._fence:
-            self._reused(offset, nbytes)
         self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
         self._serial = serial = self._serial + 1
         if not serial & 1023:
             self.symmetry.bound()
         self._at[offset] = block = Block(offset, nbytes, serial)
+        if self._fence:  # made on every rank before the wait, so a ReuseTimeout leaves the ranks' heaps alike
+            self._fresh(offset, nbytes) if fresh else self._reused(offset, nbytes)
         return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
 
     def _allocate(self, nbytes: int, size: int) -> int:
