@@ -68,12 +68,9 @@ def _shape(size) -> torch.Size:
 
 
 def _debug_asked() -> bool:
-    """IRIS_DEBUG=1: ctx.free also checks that no other tensor views the block. Read here, in one place,
-    until iris/settings.py holds every IRIS_* setting."""
+    """IRIS_DEBUG=1 (read when a context is made): ctx.free also checks that no other tensor views the
+    block. Read here, in one place, until iris/settings.py holds every IRIS_* setting."""
     return os.environ.get("IRIS_DEBUG", "").strip() not in ("", "0")
-
-
-_DEBUG = _debug_asked()
 
 
 class FreedTensor(torch.Tensor):
@@ -153,6 +150,7 @@ class Iris:
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
         self.allocator_name = name
+        self._debug = _debug_asked()
         self._imported = {}  # (address, nbytes, dtype, shape) of an imported tensor -> (heap view, tensor)
         self._imported_at = {}  # heap offset -> keys of _imported there, so free forgets an import in O(1)
         self.driver = get_driver(platform)
@@ -327,7 +325,7 @@ class Iris:
         freeing a block that other tensors view raises naming them. Tensors that are simply dropped
         are freed at the next collective point instead (see collect)."""
         heap = self.heap
-        if type(t) is torch.Tensor and not _DEBUG:  # the usual call: the factory's tensor itself, not a copied import
+        if type(t) is torch.Tensor and not self._debug:  # the usual call: the factory's tensor itself, not a copied import
             block = heap._at.get(t.data_ptr() - heap._base)  # addresses are unique in a process: no device check
             if block is not None and block.nbytes == t.nbytes != 0 and block.offset not in self._imported_at:
                 heap.free_block(block)
@@ -341,7 +339,7 @@ class Iris:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
                              f"[{offset - block.offset}, {offset - block.offset + nbytes}) of a {block.nbytes}-byte "
                              "block (a slice or part of it); free the tensor the factory returned")
-        if _DEBUG:
+        if self._debug:
             _check_no_other_views(t, block, heap._base, self.rank)
         self.heap.free(offset)
         keys = self._imported_at.get(offset) if self._imported_at else None

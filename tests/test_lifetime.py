@@ -581,3 +581,112 @@ def test_gpu_allocation_inside_graph_capture(allocator):
         assert ok, "captured allocations did not replay correctly, or did not reuse the freed block"
         if allocator == "vmem":
             assert "capture" in error and "before capture" in error, error
+
+
+# -- loops of allocate and free: the same blocks, no growth, no host collective ------------------
+def _count_host_collectives(ctx):
+    """A list whose [0] counts the group's collectives from now on."""
+    calls = [0]
+    for name in ("allgather", "exchange"):
+        call = getattr(ctx.group, name)
+
+        def counted(*args, _call=call, **kwargs):
+            calls[0] += 1
+            return _call(*args, **kwargs)
+        setattr(ctx.group, name, counted)
+    return calls
+
+
+def rank_reuse_loops(allocator, steps, warm):
+    """The three loops of a memory-constrained program, each run steps times: allocate, fill, (all_reduce,)
+    free; and a scope around the allocation. Returns, per loop, the offsets handed out, and the
+    growths, exchanges and host collectives after the first warm steps; every value is checked."""
+    ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    n = 1000
+    calls = _count_host_collectives(ctx)
+    out, bad = {}, []
+    for loop in ("local", "tp_step", "scope"):
+        offsets = []
+        for i in range(steps):
+            if i == warm:
+                base = (calls[0], ctx.heap.stats["growths"], ctx.heap.stats["exchanges"])
+            if loop == "scope":
+                with ctx.scope():
+                    x = ctx.empty(n)
+                    x.fill_(float(i + r))
+                    offsets.append(ctx.heap.offset_of(x))
+                    if not bool((x == float(i + r)).all()):
+                        bad.append((loop, i))
+                del x
+                continue
+            x = ctx.empty(n)
+            x.fill_(float(i + r))
+            offsets.append(ctx.heap.offset_of(x))
+            want = float(i + r)
+            if loop == "tp_step":
+                ctx.ccl.all_reduce(x, x)
+                want = float(w * i + w * (w - 1) // 2)
+            if not bool((x == want).all()):
+                bad.append((loop, i))
+            ctx.free(x)
+        out[loop] = (offsets, calls[0] - base[0], ctx.heap.stats["growths"] - base[1],
+                     ctx.heap.stats["exchanges"] - base[2])
+    ctx.barrier()
+    ctx.close()
+    return out, bad
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+@pytest.mark.parametrize("world", [2, 3])
+def test_loops_of_free_scope_and_all_reduce_reuse_one_block_without_collectives(allocator, world):
+    out = iris.spawn(rank_reuse_loops, world, args=(allocator, 8, 2))
+    for r, (loops, bad) in enumerate(out):
+        assert not bad, f"rank {r}: wrong values at {bad}"
+        for loop, (offsets, collectives, growths, exchanges) in loops.items():
+            assert len(set(offsets)) <= 2 and len(set(offsets[2:])) == 1, f"rank {r}, {loop}: offsets {offsets}"
+            assert offsets == out[0][0][loop][0], f"{loop}: rank {r} handed out other offsets than rank 0"
+            assert collectives == growths == exchanges == 0, (loop, collectives, growths, exchanges)
+
+
+def rank_debug_free_names_views():
+    os.environ["IRIS_DEBUG"] = "1"
+    ctx = iris.iris(heap_size=1 << 22)
+    x = ctx.full((1000,), 1.0)
+    v = x[10:20]
+    error = ""
+    try:
+        ctx.free(x)
+    except iris.IrisError as e:
+        error = str(e)
+    still = bool((x == 1.0).all())  # the failed free changed nothing
+    del v
+    ctx.free(x)  # no other view now
+    try:
+        x.add_(1.0)
+        used = "no error"
+    except iris.IrisError as e:
+        used = str(e)
+    ctx.close()
+    return error, still, used
+
+
+def test_debug_free_of_a_block_other_tensors_view_raises_naming_them():
+    for error, still, used in iris.spawn(rank_debug_free_names_views, 2):
+        assert "(10,) torch.float32 at byte 40" in error and "offset" in error and "del" in error, error
+        assert still, "the refused free changed the tensor"
+        assert "ctx.free gave back" in used, used
+
+
+def test_a_freed_tensor_reaches_no_memory_and_any_use_raises():
+    with iris.iris(heap_size=1 << 22) as ctx:
+        x = ctx.full((1000,), 1.0)
+        ctx.free(x)
+        y = ctx.full((1000,), 2.0)  # takes x's block
+        for use in (lambda: x.fill_(3.0), lambda: x + 1, lambda: x.data_ptr(), lambda: x[3], lambda: x.cpu(),
+                    lambda: ctx.heap.offset_of(x)):
+            with pytest.raises(iris.IrisError, match="ctx.free gave back"):
+                use()
+        with pytest.raises(ValueError, match="freed already"):
+            ctx.free(x)
+        assert bool((y == 2.0).all())

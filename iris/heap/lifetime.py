@@ -161,6 +161,7 @@ class Lifetimes:
         it back to the pool now; the allocation that takes it again waits, in stream order, for every
         rank's work queued before this free (epoch: the free's, if already passed). Returns its size.
         Collective: all ranks, same order."""
+        epoch = epoch or self.progress.passed()  # first: during capture it raises, with nothing changed
         offset = block.offset
         del self._at[offset]
         block.freed = True
@@ -168,7 +169,7 @@ class Lifetimes:
             self._pinned[block.serial] = block
         else:
             self._queued.pop(block.serial, None)
-        self._fence[offset] = epoch or self.progress.passed()
+        self._fence[offset] = epoch
         self._release(offset)
         self._record(~offset)  # the symmetry digest's record of free(offset)
         self._frees += 1
