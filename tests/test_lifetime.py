@@ -387,12 +387,14 @@ def _wait_flag(flags, cur, heap_bases):
 
 
 def _set_later(flag, seconds):
-    """flag[0] = 1 after seconds, from a thread (on GPUs on a stream of its own)."""
+    """flag[0] = 1 after seconds, from a thread. On GPUs by a copy on a stream of its own: a copy
+    needs no SM, which the kernel spinning on the flag may hold all of."""
     def go():
         time.sleep(seconds)
         if flag.device.type == "cuda":
+            one = torch.ones(1, dtype=flag.dtype).pin_memory()
             with torch.cuda.stream(torch.cuda.Stream(flag.device)):
-                flag[:1].fill_(1)
+                flag[:1].copy_(one, non_blocking=True)
                 torch.cuda.current_stream().synchronize()
         else:
             flag[:1].fill_(1)
@@ -450,7 +452,7 @@ def test_reuse_waits_for_a_late_peer_write_queued_before_the_free(how):
 @pytest.mark.parametrize("allocator", ALLOCATORS + ["nvshmem"])
 def test_gpu_reuse_waits_for_a_late_peer_write_queued_before_the_free(allocator):
     _skip_without(allocator)
-    for r, res in enumerate(iris.spawn(rank_reuse_after_late_peer, 2, args=(allocator, 1 << 20, "free"))):
+    for r, res in enumerate(iris.spawn(rank_reuse_after_late_peer, 2, args=(allocator, 1 << 16, "free"))):
         assert res["reused"] and res["no_point"] and res["c"], f"rank {r}: {res}"
 
 

@@ -70,6 +70,9 @@ class HostProgress:
     def passed(self) -> int:
         """This rank passes a free: the next epoch, written to its counter. Returns the epoch."""
         self.epoch = epoch = self.epoch + 1
+        if not self.peers:  # alone: the stream itself orders this rank's work
+            self.done = epoch
+            return epoch
         self.driver.stream_write(0, self.own, epoch)
         return epoch
 
@@ -122,6 +125,9 @@ class StreamProgress:
                                "memory on every replay, so it must stay allocated while the graph lives. Free it after "
                                "capture ends (and after the last replay), or allocate it before capture.")
         self.epoch = epoch = self.epoch + 1
+        if not self.peers:  # alone: the stream itself orders this rank's work
+            self.done = epoch
+            return epoch
         self.driver.stream_write(self._stream(), self.own, epoch)
         return epoch
 
