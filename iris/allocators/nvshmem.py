@@ -26,7 +26,7 @@ class NvshmemAllocator:
         if device.type != "cuda":
             raise ProviderUnavailable(f"allocator='nvshmem' needs a CUDA GPU; this heap is on {device}. "
                                       "Use allocator='torch' or 'vmem'")
-        from ..experimental import nvshmem_runtime as runtime
+        from ..platform import nvshmem as runtime
         self._runtime = runtime
         runtime.ensure_init(lambda raw: group.allgather(raw, "nvshmem unique id")[0], group.rank, group.world,
                             device.index, heap_size)

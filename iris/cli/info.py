@@ -246,7 +246,7 @@ def _memory_section(r: Report, driver) -> None:
     # a VMM-backed torch block (expandable segments) is shared by its handles, as vmem shares chunks
     expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
     torch_ok = mem["torch_ipc"] == "works" or (expandable and vmem_ok)
-    from ..experimental.nvshmem_runtime import describe as nvshmem_line
+    from ..platform.nvshmem import describe as nvshmem_line
     mem["nvshmem"] = nvshmem_line()
     mem["allocators"] = {"torch": torch_ok, "vmem": vmem_ok, "nvshmem": mem["nvshmem"].startswith("usable")}
     r.data["memory"] = mem
