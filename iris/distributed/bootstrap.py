@@ -58,8 +58,9 @@ def _from_launcher(timeout):
 def _advertised_address() -> str:
     """An address of this host that the other hosts can reach: IRIS_ADDR, else the one this host
     routes MASTER_ADDR through (no packet is sent), else what the host name resolves to."""
-    if settings.ADDR.get():
-        return settings.ADDR.get()
+    address = settings.ADDR.get()
+    if address:
+        return address
     master = os.environ.get("MASTER_ADDR")
     if master:
         try:

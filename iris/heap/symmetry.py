@@ -11,7 +11,6 @@ from array import array
 
 from .. import settings
 from ..errors import SymmetryError
-from ..settings import SYMMETRY_MODES as MODES
 
 
 def mode_from_env() -> str:
