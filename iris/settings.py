@@ -40,6 +40,7 @@ class Setting(NamedTuple):
 
 
 def _flag(name: str, text: str) -> bool:
+    # not stripped: Triton reads TRITON_INTERPRET=" 1" as off, so iris refuses it rather than disagree
     if text.lower() in _ON:
         return True
     if text.lower() in _OFF:
