@@ -35,8 +35,8 @@ class TorchAllocator:
             self.base = self.block.data_ptr()
         self.size = heap_size
         self.offsets = CachingOffsets(heap_size)
-        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
-        self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self._policy = self.offsets.allocate
+        self.free = self.offsets.free  # free(offset) -> size
         self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed, backed block of that size, or None
 
     committed = property(lambda self: self.size)

@@ -17,7 +17,6 @@ What matters:
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -25,25 +24,8 @@ from typing import Optional
 
 import torch
 
+from .. import settings
 from ..errors import CaptureError, DriverError, ReuseTimeout
-
-COUNTER_BYTES = 256  # one int64 per rank, in a block of its own (blocks are 256-byte multiples)
-DEFAULT_TIMEOUT = 120.0
-
-
-def reuse_timeout() -> float:
-    """IRIS_REUSE_TIMEOUT: seconds a reused block may wait for peers' earlier work before ReuseTimeout.
-    Read here, in one place, until iris/settings.py holds every IRIS_* setting."""
-    raw = os.environ.get("IRIS_REUSE_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"IRIS_REUSE_TIMEOUT={raw!r}: give a positive number of seconds, e.g. IRIS_REUSE_TIMEOUT=60")
-    return value
 
 
 def _violation(offset: int, nbytes: int, epoch: int, late, rank: int, timeout: float) -> ReuseTimeout:
@@ -205,7 +187,7 @@ class StreamProgress:
 
 def make_progress(driver, bases, offset: int, rank: int, device: torch.device):
     """The progress counters for a heap whose counter block sits at offset on every rank."""
-    timeout = reuse_timeout()
+    timeout = settings.REUSE_TIMEOUT.get()
     if device.type == "cpu":
         return HostProgress(driver, bases, offset, rank, timeout)
     return StreamProgress(driver, bases, offset, rank, timeout, device)
