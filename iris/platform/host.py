@@ -164,14 +164,14 @@ class HostDriver:
     def stream_wait(self, stream: int, address: int, value: int, timeout: float = None) -> None:
         """Return once the 8 bytes at address (a peer process may write them) are >= value; raise
         DriverError(ETIMEDOUT) after timeout seconds (None: no limit)."""
-        word, spins = ctypes.c_int64.from_address(address), 0
-        deadline = None if timeout is None else time.monotonic() + timeout
+        word, start = ctypes.c_int64.from_address(address), time.monotonic()
+        deadline = None if timeout is None else start + timeout
         while word.value < value:
-            spins += 1
-            if spins < 4096:  # the writer is usually a step away: give it the core, do not sleep past it
+            now = time.monotonic()
+            if now - start < 2e-3:  # the writer is usually a step away: give it the core, do not sleep past it
                 os.sched_yield()
             else:
                 time.sleep(1e-4)
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and now > deadline:
                     raise DriverError("stream_wait", "ETIMEDOUT", f"the word at {address:#x} is {word.value}, "
                                       f"below {value}, after {timeout} s")
