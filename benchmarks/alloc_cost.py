@@ -21,7 +21,7 @@ reported, and the pair's cost with it spread over the batch). Writes benchmarks/
 "local" (ctx.empty + ctx.free), "tp_step" (empty, fill, ctx.ccl.all_reduce, free) and "scope"
 (`with ctx.scope(): ctx.empty(...)`). After a warm-up, for each: the distinct offsets handed out
 and the bytes mapped (the heap's high-water), growths and host collectives per iteration (the
-group's allgather/exchange calls, counted), and the medians of the allocation's cost and of
+group's own count), and the medians of the allocation's cost and of
 torch.empty + del of the same size, timed in alternating batches in the same run (tp_step: the
 empty + free of each step, timed alone). No ctx.collect() anywhere: a freed block must come back
 by itself. Writes alloc_cost_reuse-<host|gpu>-<N>ranks.json.
@@ -199,19 +199,6 @@ def _print_sweep(rows):
               f"{r['ratio_with_collect_per_batch']:13.2f}")
 
 
-def _counting(ctx):
-    """A list whose [0] counts the group's host collectives from now on."""
-    calls = [0]
-    for name in ("allgather", "exchange"):
-        call = getattr(ctx.group, name)
-
-        def counted(*args, _call=call, **kwargs):
-            calls[0] += 1
-            return _call(*args, **kwargs)
-        setattr(ctx.group, name, counted)
-    return calls
-
-
 def _batched(fn, reps, batch):
     """Per-call seconds of fn, one median over batches of `batch` calls."""
     clock, out = time.perf_counter, []
@@ -252,7 +239,7 @@ def reuse_loop(ctx, loop, nbytes, reps, tp_steps, batch=25):
             step()
     ctx.barrier()
     offsets.clear()
-    calls, stats = _counting(ctx), dict(ctx.heap.stats)
+    collectives, stats = ctx.group.collectives, dict(ctx.heap.stats)
     ours, ref, iters = [], [], 0
     if loop == "tp_step":
         clock = time.perf_counter
@@ -278,7 +265,7 @@ def reuse_loop(ctx, loop, nbytes, reps, tp_steps, batch=25):
     return {"loop": loop, "bytes": nbytes, "iterations": iters, "distinct_offsets": len(offsets),
             "mapped_bytes": committed, "growths": ctx.heap.stats["growths"] - stats["growths"],
             "exchanges": ctx.heap.stats["exchanges"] - stats["exchanges"],
-            "host_collectives_per_iteration": calls[0] / iters,
+            "host_collectives_per_iteration": (ctx.group.collectives - collectives) / iters,
             "iris_median_us": 1e6 * statistics.median(ours), "torch_empty_del_median_us": 1e6 * statistics.median(ref),
             "ratio_to_torch": statistics.median(ours) / statistics.median(ref)}
 

@@ -548,6 +548,7 @@ def test_gpu_loops_reuse_one_block_without_collectives(allocator):
     out = iris.spawn(rank_reuse_loops, 2, args=(allocator, 20, 2))
     for r, (loops, bad) in enumerate(out):
         assert not bad, f"rank {r}: wrong values at {bad}"
+        assert loops.pop("counted") == 1, "the group's count missed a barrier"
         for loop, (offsets, collectives, growths, exchanges) in loops.items():
             assert len(set(offsets[2:])) == 1 and offsets == out[0][0][loop][0], (loop, offsets)
             assert collectives == growths == exchanges == 0, (loop, collectives, growths, exchanges)
@@ -623,19 +624,6 @@ def test_gpu_allocation_inside_graph_capture(allocator, barrier_first):
 
 
 # -- loops of allocate and free: the same blocks, no growth, no host collective ------------------
-def _count_host_collectives(ctx):
-    """A list whose [0] counts the group's collectives from now on."""
-    calls = [0]
-    for name in ("allgather", "exchange"):
-        call = getattr(ctx.group, name)
-
-        def counted(*args, _call=call, **kwargs):
-            calls[0] += 1
-            return _call(*args, **kwargs)
-        setattr(ctx.group, name, counted)
-    return calls
-
-
 def rank_reuse_loops(allocator, steps, warm):
     """The three loops of a memory-constrained program, each run steps times: allocate, fill, (all_reduce,)
     free; and a scope around the allocation. Returns, per loop, the offsets handed out, and the
@@ -643,13 +631,14 @@ def rank_reuse_loops(allocator, steps, warm):
     ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
     r, w = ctx.get_rank(), ctx.get_num_ranks()
     n = 1000
-    calls = _count_host_collectives(ctx)
-    out, bad = {}, []
+    before = ctx.group.collectives
+    ctx.barrier()
+    out, bad = {"counted": ctx.group.collectives - before}, []  # the count sees a collective
     for loop in ("local", "tp_step", "scope"):
         offsets = []
         for i in range(steps):
             if i == warm:
-                base = (calls[0], ctx.heap.stats["growths"], ctx.heap.stats["exchanges"])
+                base = (ctx.group.collectives, ctx.heap.stats["growths"], ctx.heap.stats["exchanges"])
             if loop == "scope":
                 with ctx.scope():
                     x = ctx.empty(n)
@@ -669,7 +658,7 @@ def rank_reuse_loops(allocator, steps, warm):
             if not bool((x == want).all()):
                 bad.append((loop, i))
             ctx.free(x)
-        out[loop] = (offsets, calls[0] - base[0], ctx.heap.stats["growths"] - base[1],
+        out[loop] = (offsets, ctx.group.collectives - base[0], ctx.heap.stats["growths"] - base[1],
                      ctx.heap.stats["exchanges"] - base[2])
     ctx.barrier()
     ctx.close()
@@ -682,6 +671,7 @@ def test_loops_of_free_scope_and_all_reduce_reuse_one_block_without_collectives(
     out = iris.spawn(rank_reuse_loops, world, args=(allocator, 8, 2))
     for r, (loops, bad) in enumerate(out):
         assert not bad, f"rank {r}: wrong values at {bad}"
+        assert loops.pop("counted") == 1, "the group's count missed a barrier"
         for loop, (offsets, collectives, growths, exchanges) in loops.items():
             assert len(set(offsets)) <= 2 and len(set(offsets[2:])) == 1, f"rank {r}, {loop}: offsets {offsets}"
             assert offsets == out[0][0][loop][0], f"{loop}: rank {r} handed out other offsets than rank 0"
