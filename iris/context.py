@@ -348,8 +348,9 @@ class Iris:
             _detach(t)
 
     def collect(self) -> int:
-        """Wait for this rank's device work, then release the blocks whose tensors are gone on every rank
-        and the blocks freed before; returns the bytes released.
+        """Wait for this rank's device work, then free the blocks whose tensors are gone on every rank
+        (and unmap freed imports no tensor covers); returns those bytes. After it, blocks freed
+        before are reused with no wait on the peers.
 
         A heap tensor that is dropped (no view, slice or peer view of it left) is queued on its rank;
         queued blocks are released at collective points (heap growth, barrier, trim, close, and
