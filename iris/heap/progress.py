@@ -177,6 +177,7 @@ class StreamProgress:
                     self.driver.stream_write(side.cuda_stream, address, epoch)
             side.synchronize()
             self._awaited = None
+            self._watchdog = None  # the next wait starts a new one
             return
 
     def close(self) -> None:
