@@ -587,7 +587,7 @@ def rank_gpu_capture(allocator, barrier_first):
             y.copy_(src * 2)
             z.add_(y)
     except Exception as e:  # a driver that cannot capture the peers' wait names the fix
-        error = str(_capture_error(e))
+        error = str(_capture_error(e)) or repr(e)
         ok = "ctx.barrier()" in error and not barrier_first
     else:
         assert ctx.heap.stats["exchanges"] == exchanges
@@ -604,7 +604,7 @@ def rank_gpu_capture(allocator, barrier_first):
         with torch.cuda.graph(g3):
             ctx.free(t)
     except Exception as e:
-        freed_in_capture = str(_capture_error(e))
+        freed_in_capture = str(_capture_error(e)) or repr(e)
     grow_error = ""
     if allocator == "vmem":
         g2 = torch.cuda.CUDAGraph()
