@@ -21,6 +21,7 @@ from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .device import indirect as _indirect
 from .device.translate import HIDDEN, bases_table
 from .heap import SymmetricHeap, reach
+from .heap.lifetime import FreedTensor, detach
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
 
@@ -65,33 +66,6 @@ def _shape(size) -> torch.Size:
         if s >= 1 << 63:
             raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
     return torch.Size(size)
-
-
-class FreedTensor(torch.Tensor):
-    """What a heap tensor becomes once ctx.free gave its block back: every use raises."""
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func))
-        raise IrisError(f"{name} on a heap tensor that ctx.free gave back: its block may hold another tensor now. "
-                        "Allocate a new tensor (or free this one later)")
-
-
-_DEAD = {}  # (dtype, device) -> an empty tensor whose storage a freed tensor takes over
-
-
-def _detach(t: torch.Tensor) -> None:
-    """Make t reach no memory: its storage becomes an empty one (so the block's owner can go) and every
-    later use raises."""
-    key = (t.dtype, t.device)
-    dead = _DEAD.get(key)
-    if dead is None:
-        dead = _DEAD[key] = torch.empty(0, dtype=t.dtype, device=t.device)
-    try:
-        t.data = dead
-        t.__class__ = FreedTensor
-    except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
-        pass
 
 
 def _check_no_other_views(t: torch.Tensor, block, base: int, rank: int) -> None:
@@ -324,7 +298,7 @@ class Iris:
             block = heap._at.get(t.data_ptr() - heap._base)  # addresses are unique in a process: no device check
             if block is not None and block.nbytes == t.nbytes != 0 and block.offset not in self._imported_at:
                 heap.free_block(block)
-                _detach(t)
+                detach(t)
                 return
         if isinstance(t, FreedTensor):
             raise ValueError("free: this tensor was freed already (by ctx.free); it reaches no memory now")
@@ -345,7 +319,7 @@ class Iris:
             if not keys:
                 del self._imported_at[offset]
         if type(t) is torch.Tensor:
-            _detach(t)
+            detach(t)
 
     def collect(self) -> int:
         """Wait for this rank's device work, then free the blocks whose tensors are gone on every rank

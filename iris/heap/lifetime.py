@@ -21,6 +21,35 @@ from typing import Dict, List
 
 import torch
 
+from ..errors import IrisError
+
+
+class FreedTensor(torch.Tensor):
+    """What a heap tensor becomes once ctx.free gave its block back: every use raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        raise IrisError(f"{name} on a heap tensor that ctx.free gave back: its block may hold another tensor now. "
+                        "Allocate a new tensor (or free this one later)")
+
+
+_DEAD = {}  # (dtype, device) -> an empty tensor whose storage a freed tensor takes over
+
+
+def detach(t: torch.Tensor) -> None:
+    """Make t reach no memory: its storage becomes an empty one (so the block's owner can go) and every
+    later use raises."""
+    key = (t.dtype, t.device)
+    dead = _DEAD.get(key)
+    if dead is None:
+        dead = _DEAD[key] = torch.empty(0, dtype=t.dtype, device=t.device)
+    try:
+        t.data = dead
+        t.__class__ = FreedTensor
+    except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
+        pass
+
 
 class Block:
     """One allocation, from allocate to its release."""

@@ -13,7 +13,7 @@ from ..allocators.vmem import always
 from ..device.translate import bases_tensor
 from . import reach
 from .imports import Imports, Region
-from .lifetime import Block, Lifetimes, Owner
+from .lifetime import Block, FreedTensor, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import tensor_at, tensor_maker
@@ -216,7 +216,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         return offset
 
     def contains(self, t: torch.Tensor) -> bool:
-        if t.device != self.device:
+        if type(t) is FreedTensor or t.device != self.device:  # a freed tensor is on no heap any more
             return False
         start = self.address(t) - self.bases[self.rank]
         span = 0 if t.numel() == 0 else sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
