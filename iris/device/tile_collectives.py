@@ -145,7 +145,7 @@ def reduce_scatter(ctx, tile, src_view, dst_view, locks):
     rank's tile (its own from tile.data) and writes it into its own dst_view; other ranks only publish."""
     tile_id = _tile_id(tile, dst_view)
     per_rank = dst_view.number_of_tiles(tile.block_m, tile.block_n) // ctx.world_size
-    first = ctx.rank * per_rank
+    first = per_rank * ctx.rank
     if ctx.rank == ctx.world_size - 1:
         owned = tile_id >= first
     else:
@@ -168,11 +168,11 @@ def all_gather(ctx, tile, dst_view, dim: tl.constexpr):
     if dim == 0:
         local_m = dst_view.M // ctx.world_size
         mine = (rows[:, None] < local_m) & (cols[None, :] < dst_view.N)
-        ptrs, mask = dst_view.tile_ptr_from_indices(rows + ctx.rank * local_m, cols)
+        ptrs, mask = dst_view.tile_ptr_from_indices(rows + local_m * ctx.rank, cols)
     else:
         local_n = dst_view.N // ctx.world_size
         mine = (rows[:, None] < dst_view.M) & (cols[None, :] < local_n)
-        ptrs, mask = dst_view.tile_ptr_from_indices(rows, cols + ctx.rank * local_n)
+        ptrs, mask = dst_view.tile_ptr_from_indices(rows, cols + local_n * ctx.rank)
     for i in tl.static_range(ctx.world_size):
         store(ptrs, tile.data, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=mine & mask)
 
@@ -192,7 +192,8 @@ def all_to_all(ctx, tile, src_view, dst_view, n_per_rank):
     rows, cols = tile.indices()
     dst, dst_mask = dst_view.tile_ptr(tile)
     owner = cols // n_per_rank
-    src, src_mask = src_view.tile_ptr_from_indices(rows, ctx.rank * n_per_rank + cols - owner * n_per_rank)
+    # tensors lead these products: the interpreter wraps constexpr * tensor in a constexpr
+    src, src_mask = src_view.tile_ptr_from_indices(rows, cols - owner * n_per_rank + n_per_rank * ctx.rank)
     first = (tile.pid_n * tile.block_n) // n_per_rank
     last = (tile.pid_n * tile.block_n + tile.block_n - 1) // n_per_rank
     for s in tl.static_range(ctx.world_size):
