@@ -158,23 +158,24 @@ def _case(ctx, op, dtype, salt):
 
 
 # The interpreter has no bfloat16 atomic add ("Unsupported data type"): that case runs on GPUs.
-def _cases(gpu):
+def _cases(gpu, world):
     if gpu:
         return [(op, dt) for op in REDUCING + MOVING for dt in DTYPES]
-    # on the host every function runs in two dtypes, and each dtype in several functions
+    # on the host every function runs in two or three dtypes at 2 ranks (each dtype in several
+    # functions), in one at 4 ranks: the interpreter's seconds add up
     picks = {"atomic": [torch.float32, torch.float16, torch.int64], "spinlock": [torch.bfloat16, torch.int32],
              "one_shot": [torch.bfloat16, torch.int64, torch.float16], "two_shot": [torch.float32, torch.int32],
              "ring": [torch.float16, torch.int64], "reduce_scatter": [torch.bfloat16, torch.float32],
              "all_gather0": [torch.bfloat16, torch.int32], "all_gather1": [torch.float32, torch.float16],
              "gather": [torch.int64, torch.bfloat16], "all_to_all": [torch.float16, torch.int32]}
-    return [(op, dt) for op, dts in picks.items() for dt in dts]
+    return [(op, dt) for op, dts in picks.items() for dt in (dts if world == 2 else dts[:1])]
 
 
 def rank_main(gpu):
     ctx = iris.iris(heap_size=1 << 22)
     out = {}
     try:
-        for salt, (op, dt) in enumerate(_cases(gpu)):
+        for salt, (op, dt) in enumerate(_cases(gpu, ctx.get_num_ranks())):
             try:
                 out[(op, str(dt))] = _case(ctx, op, dt, salt)
             except Exception:  # report it; the other ranks may wait in this case, so stop here
@@ -214,3 +215,120 @@ def test_tile_names_exported():
     for method in ("all_reduce_atomic", "all_reduce_spinlock", "all_reduce_one_shot", "all_reduce_two_shot",
                    "all_reduce_ring", "reduce_scatter", "all_gather", "gather", "all_to_all"):
         assert hasattr(iris.DeviceContext, method), method
+
+
+# -- the fused GEMM op through the tile API (ctx.ops with FusedConfig(variant="tiles")) -------------
+OPS_N, OPS_K = 24, 16  # per rank A (16 * world) x 16, B 16 x 24 on the host: edge tiles in N, rows that split
+
+
+def _op_inputs(world, dtype, seed, M, N, K):
+    """Small integers: every product and sum is exact in float32 and bfloat16, so results compare exactly."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(-1, 2, (M, K), generator=g).to(dtype), torch.randint(-1, 2, (K, N), generator=g).to(dtype))
+            for _ in range(world)]
+
+
+def _op_cases(gpu, world):
+    if not gpu and world > 2:  # the interpreter's seconds: at 4 ranks the paths that differ most
+        return [("two_shot", torch.bfloat16), ("rs_rows", torch.bfloat16), ("spinlock", torch.bfloat16)]
+    dts = [torch.bfloat16, torch.float16, torch.float32] if gpu else [torch.bfloat16]
+    cases = [(v, dt) for v in ("one_shot", "two_shot", "spinlock", "ring", "rs_rows", "rs_tiles") for dt in dts]
+    # the interpreter's atomic adds are atomic across processes for float32 only
+    return cases + [("atomic", dt) for dt in (dts if gpu else [torch.float32])]
+
+
+def rank_ops(gpu, M, N, K, block):
+    from iris.ops import FusedConfig
+    ctx = iris.iris(heap_size=1 << 26 if gpu else 1 << 22)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    bad = []
+    try:
+        for case, dtype in _op_cases(gpu, w):
+            variant = "two_shot" if case.startswith("rs") else case
+            cfg = FusedConfig(block_size_m=block, block_size_n=block, block_size_k=block, variant="tiles",
+                              all_reduce_variant=variant)
+            for call in range(2):  # the second call reuses the workspace: its locks and output are reset
+                ins = _op_inputs(w, dtype, 10 * call + len(case), M, N, K)
+                total = sum((a.float() @ b.float()) for a, b in ins).to(dtype)
+                rows = M // w if case == "rs_rows" else M
+                out = torch.full((rows, N), POISON, dtype=dtype, device=dev)
+                A, B = ins[r][0].to(dev), ins[r][1].to(dev)
+                if case.startswith("rs"):
+                    ctx.ops.matmul_reduce_scatter(out, A, B, config=cfg)
+                    if case == "rs_rows":
+                        want = total[r * rows:(r + 1) * rows]
+                    else:  # tile layout: this rank's contiguous run of tile ids, the rest untouched
+                        mine = _owned_tiles(r, w, M, N, block)
+                        want = torch.where(mine, total, torch.full_like(total, POISON))
+                else:
+                    ctx.ops.matmul_all_reduce(out, A, B, config=cfg)
+                    want = total
+                if not torch.equal(out.cpu(), want):
+                    diff = (out.cpu() != want).nonzero()
+                    bad.append(f"ops {case} {dtype} call {call} world {w} rank {r}: {len(diff)} wrong, first "
+                               f"{diff[0].tolist()}: {out.cpu()[tuple(diff[0])].item()} vs "
+                               f"{want[tuple(diff[0])].item()}")
+        if gpu:
+            bad += _graph_replays(ctx, FusedConfig(block_size_m=block, block_size_n=block, block_size_k=block,
+                                                   variant="tiles"), M, N, K)
+        return bad
+    finally:
+        ctx.close()
+
+
+def _owned_tiles(rank, world, rows, cols, block):
+    nm, nn = triton.cdiv(rows, block), triton.cdiv(cols, block)
+    per = nm * nn // world
+    ids = torch.arange(nm * nn).reshape(nm, nn).repeat_interleave(block, 0).repeat_interleave(block, 1)
+    ids = ids[:rows, :cols]
+    return (ids >= rank * per) & (ids < (nm * nn if rank == world - 1 else (rank + 1) * per))
+
+
+def _graph_replays(ctx, cfg, M, N, K):
+    """matmul_all_reduce (two-shot through the tile API) captured in a CUDA graph, replayed with new data."""
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    A = torch.empty(M, K, dtype=torch.bfloat16, device=dev)
+    B = torch.empty(K, N, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
+    ws = ctx.ops.matmul_all_reduce_preamble(out, A, B, config=cfg)
+    ctx.ops.matmul_all_reduce(out, A, B, config=cfg, workspace=ws)  # compiles and plans outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ctx.ops.matmul_all_reduce(out, A, B, config=cfg, workspace=ws)
+    bad = []
+    for rep in range(3):
+        ins = _op_inputs(w, torch.bfloat16, 100 + rep, M, N, K)
+        A.copy_(ins[r][0])
+        B.copy_(ins[r][1])
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        if not torch.equal(out.cpu(), sum((a.float() @ b.float()) for a, b in ins).to(torch.bfloat16)):
+            bad.append(f"ops graph replay {rep} world {w} rank {r}: wrong")
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_matmul_tile_reduce_host(world):
+    """ctx.ops.matmul_all_reduce (atomic, spinlock, one_shot, two_shot, ring) and matmul_reduce_scatter (this
+    rank's rows, and the tile layout) with FusedConfig(variant="tiles"), each called twice."""
+    bad = [f for fs in iris.spawn(rank_ops, world, args=(False, 16 * world, OPS_N, OPS_K, 16), timeout=600) for f in fs]
+    assert not bad, "\n".join(bad[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_matmul_tile_reduce_gpu(world):
+    """The same at GPU tiles (bf16, fp16, fp32), plus CUDA-graph replays with new data."""
+    bad = [f for fs in iris.spawn(rank_ops, world, args=(True, 1024, 520, 64, 64), timeout=600) for f in fs]
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_matmul_tile_reduce_refuses_bad_input():
+    """Shapes a tile-API op cannot take raise ValueError naming the fix, before anything is allocated."""
+    from iris.ops import FusedConfig
+    with pytest.raises(ValueError, match="all_reduce_variant"):
+        FusedConfig(variant="tiles", all_reduce_variant="fastest")
+    with pytest.raises(ValueError, match="variant must be"):
+        FusedConfig(variant="tile")
