@@ -26,7 +26,8 @@ _SOURCES = {"Iris": ".context", "iris": ".context", "DEBUG": ".logging", "ERROR"
             "WARNING": ".logging", "logger": ".logging", "set_logger_level": ".logging", "do_bench": ".timing",
             "launch": ".distributed", "spawn": ".distributed", "DeviceContext": ".device.context",
             "TraceEvent": ".tracing", "Tile": ".device.tiles", "TileView": ".device.tiles",
-            "TensorView": ".device.tiles", "make_tensor_view": ".device.tiles", **{name: ".device" for name in _DEVICE}}
+            "TensorView": ".device.tiles", "make_tensor_view": ".device.tiles",
+            **{name: ".device" for name in _DEVICE}}
 
 
 def __getattr__(name):
@@ -46,7 +47,8 @@ def __dir__():
 
 
 __all__ = ["BootstrapError", "CaptureError", "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR",
-           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "TensorView", "Tile", "TileView", "TraceEvent", "WARNING", "atomic_add",
-           "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub", "atomic_xchg",
-           "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger", "make_tensor_view", "put",
-           "set_logger_level", "signal", "spawn", "store", "translate", "wait"]
+           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "TensorView", "Tile", "TileView",
+           "TraceEvent", "WARNING", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or",
+           "atomic_sub", "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch",
+           "load", "logger", "make_tensor_view", "put", "set_logger_level", "signal", "spawn", "store", "translate",
+           "wait"]

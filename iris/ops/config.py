@@ -78,7 +78,7 @@ class FusedConfig:
             raise ValueError(f"FusedConfig: the ring variant needs block_size_n ({self.block_size_n}) divisible by "
                              f"the world size ({world_size})")
         if self.variant not in (None, "fused", "streamed", "tiles"):
-            raise ValueError(f"FusedConfig.variant must be None, 'fused', 'streamed' or 'tiles', got {self.variant!r}")
+            raise ValueError(f"FusedConfig.variant must be None, 'tiles', 'fused' or 'streamed', got {self.variant!r}")
         for name in ("cache_modifier_a", "cache_modifier_b"):
             if getattr(self, name) not in CACHE_MODIFIERS:
                 raise ValueError(f"FusedConfig.{name} must be one of {list(CACHE_MODIFIERS)}, got "
