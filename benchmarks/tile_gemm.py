@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -28,16 +27,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import captured, init_torch_distributed, timed, write_result  # noqa: E402
+from common import captured, init_torch_distributed, write_result  # noqa: E402
+from gemm_comm import check, fmt, us  # noqa: E402
 
 import iris  # noqa: E402
 from iris.ops import FusedConfig  # noqa: E402
 
 AR_VARIANTS = ("one_shot", "two_shot", "atomic", "spinlock")
-
-
-def us(dev, fn, reps):
-    return statistics.median(timed(dev, fn, reps, warmup=3)) * 1e6
 
 
 def both(dev, fn, reps):
@@ -55,21 +51,6 @@ def both(dev, fn, reps):
             row["graph_us"] = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
     dist.barrier()
     return row
-
-
-def check(name, got, want):
-    err = (got.float() - want.float()).abs().max().item()
-    scale = want.float().abs().max().item()
-    if not err <= 0.02 * scale + 0.1:  # bf16 partials rounded and summed in another order
-        raise RuntimeError(f"{name}: max error {err} against the reference (scale {scale})")
-    return err
-
-
-def fmt(v):
-    if isinstance(v, dict):
-        g = v.get("graph_us")
-        return f"{v['eager_us']:.0f}/" + (f"{g:.0f}" if isinstance(g, float) else str(g))
-    return str(v)
 
 
 def one_m(ctx, dev, M, N, K, reps, nccl):

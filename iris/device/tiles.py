@@ -25,9 +25,19 @@ def _block_ptrs(ptr, M, N, stride_m, stride_n, rows, cols):
     return ptr + offs, mask
 
 
+# Tile's and TileView's methods (the same for both)
 @triton.jit
-def _indices(pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _tile_indices(tile):
+    """(rows, cols): the tile's row and column indices, unmasked."""
+    return (tile.pid_m * tile.block_m + tl.arange(0, tile.block_m),
+            tile.pid_n * tile.block_n + tl.arange(0, tile.block_n))
+
+
+@triton.jit
+def _tile_layout(tile, M, N):
+    """(rows, cols, mask) of the tile in an M x N tensor."""
+    rows, cols = _tile_indices(tile)
+    return rows, cols, (rows[:, None] < M) & (cols[None, :] < N)
 
 
 @aggregate
@@ -45,16 +55,8 @@ class TileView:
         self.block_m = tl.constexpr(block_m)
         self.block_n = tl.constexpr(block_n)
 
-    @triton.jit
-    def indices(self):
-        """(rows, cols): the tile's row and column indices, unmasked."""
-        return _indices(self.pid_m, self.pid_n, self.block_m, self.block_n)
-
-    @triton.jit
-    def layout(self, M, N):
-        """(rows, cols, mask) of the tile in an M x N tensor."""
-        rows, cols = _indices(self.pid_m, self.pid_n, self.block_m, self.block_n)
-        return rows, cols, (rows[:, None] < M) & (cols[None, :] < N)
+    indices = _tile_indices
+    layout = _tile_layout
 
 
 @aggregate
@@ -75,16 +77,8 @@ class Tile:
         self.block_n = tl.constexpr(block_n)
         self.data = data
 
-    @triton.jit
-    def indices(self):
-        """(rows, cols): the tile's row and column indices, unmasked."""
-        return _indices(self.pid_m, self.pid_n, self.block_m, self.block_n)
-
-    @triton.jit
-    def layout(self, M, N):
-        """(rows, cols, mask) of the tile in an M x N tensor."""
-        rows, cols = _indices(self.pid_m, self.pid_n, self.block_m, self.block_n)
-        return rows, cols, (rows[:, None] < M) & (cols[None, :] < N)
+    indices = _tile_indices
+    layout = _tile_layout
 
 
 @aggregate
