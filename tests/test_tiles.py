@@ -171,11 +171,19 @@ def _cases(gpu, world):
     return [(op, dt) for op, dts in picks.items() for dt in (dts if world == 2 else dts[:1])]
 
 
-def rank_main(gpu):
-    ctx = iris.iris(heap_size=1 << 22)
+def _indirect_cases():
+    """Through NVSHMEM every function in 32/64-bit types, and bfloat16 where no atomic add carries the
+    data (NVSHMEM has no 16-bit atomics: all_reduce_atomic in bfloat16 is refused when it compiles)."""
+    return [(op, dt) for op in REDUCING + MOVING for dt in (torch.float32, torch.int64, torch.bfloat16)
+            if not (op == "atomic" and dt == torch.bfloat16)]
+
+
+def rank_main(gpu, allocator=None, indirect=False):
+    ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
     out = {}
     try:
-        for salt, (op, dt) in enumerate(_cases(gpu, ctx.get_num_ranks())):
+        cases = _indirect_cases() if indirect else _cases(gpu, ctx.get_num_ranks())
+        for salt, (op, dt) in enumerate(cases):
             try:
                 out[(op, str(dt))] = _case(ctx, op, dt, salt)
             except Exception:  # report it; the other ranks may wait in this case, so stop here
@@ -190,6 +198,21 @@ def rank_main(gpu):
 def _run(world, gpu=False):
     per_rank = iris.spawn(rank_main, world, args=(gpu,), timeout=600)
     return {key: [f for r in per_rank for f in r[key]] for key in per_rank[0]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting, world", [("all", 2), ("1", 3)])
+def test_tiles_over_indirect_peers(setting, world, monkeypatch):
+    """The same calls where peers are indirect (every one, or one of three: direct and indirect mixed):
+    iris's device functions take them through NVSHMEM with no change to the tile code."""
+    from test_indirect import _nvshmem_usable
+    why = _nvshmem_usable()
+    if why:
+        pytest.skip(f"NVSHMEM's device API is not usable here ({why}); pip install 'iris[nvshmem]'")
+    monkeypatch.setenv("IRIS_INDIRECT_PEERS", setting)
+    per_rank = iris.spawn(rank_main, world, args=(True, "nvshmem", True), timeout=600)
+    failures = [f for r in per_rank for fs in r.values() for f in fs]
+    assert not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.parametrize("world", [2, 4])
