@@ -244,6 +244,7 @@ class DeviceContext:
         return _tiles.gather(self, tile, src_view, source_rank, hint)
 
     @triton.jit
-    def all_to_all(self, tile, src_view, dst_view, n_per_rank):
-        """Fills this rank's dst_view tile with column chunk `rank` of each peer's src_view."""
-        _tiles.all_to_all(self, tile, src_view, dst_view, n_per_rank)
+    def all_to_all(self, tile, src_view, dst_view, N_per_rank):
+        """Fills this rank's dst_view tile with column chunk `rank` of each peer's src_view (N_per_rank
+        columns each; Iris's parameter name)."""
+        _tiles.all_to_all(self, tile, src_view, dst_view, N_per_rank)
