@@ -3,7 +3,8 @@ rank's program that holds tile (pid_m, pid_n) calls the same function for that t
 data moves between the ranks' heaps while the rest of the kernel goes on.
 
 Called as DeviceContext methods (ctx.all_reduce_one_shot(tile, src_view, dst_view, locks), ...);
-each function here takes that ctx first. Views are iris.make_tensor_view's over heap tensors (the
+each function here takes that ctx first, or a Ranks (all they use of it: code below the tracing
+layer, such as iris.ops, builds one from heap_bases). Views are iris.make_tensor_view's over heap tensors (the
 same tensor on every rank); a tile is iris.Tile (with data) or iris.TileView. Edge tiles are masked
 to the view, so M and N need not be multiples of the block.
 
@@ -32,9 +33,25 @@ indirect path with no change here.
 import triton
 import triton.language as tl
 
+from .aggregate import aggregate
 from .atomics import atomic_add, atomic_cas, atomic_xchg
 from .rma import load, store
 from .sync import wait
+
+
+@aggregate
+class Ranks:
+    """This rank and the world size (constexprs) and heap_bases (ctx.get_heap_bases()): the part of a
+    DeviceContext the tile collectives use."""
+    rank: tl.constexpr
+    world_size: tl.constexpr
+    heap_bases: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, rank, world_size, heap_bases):
+        self.rank = tl.constexpr(rank)
+        self.world_size = tl.constexpr(world_size)
+        self.heap_bases = heap_bases
 
 
 @triton.jit

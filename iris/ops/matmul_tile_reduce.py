@@ -1,7 +1,8 @@
 """matmul_all_reduce and matmul_reduce_scatter through the device tile API (FusedConfig(variant="tiles")):
 one persistent GEMM kernel whose programs hand each output tile, as soon as it is computed, to
-DeviceContext.all_reduce_<all_reduce_variant> or DeviceContext.reduce_scatter, the same calls a
-user's own kernel makes (iris/device/tile_collectives.py).
+all_reduce_<all_reduce_variant> or reduce_scatter of iris/device/tile_collectives.py, the functions
+behind the DeviceContext methods a user's own kernel calls (here with a Ranks, as ops sit below the
+tracing that DeviceContext carries).
 
 The tile collectives leave the flags and the output's starting state to the caller, so each call
 is: zero this rank's locks (or, for atomic and spinlock, the output), a device barrier (every rank
@@ -17,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device.context import DeviceContext
+from ..device import signal
+from ..device import tile_collectives as tiles
 from ..device.tiles import Tile, TileView, make_tensor_view
 from .config import FusedConfig
 from .gemm import _dot_tile, _tile_mn, check_operands, interpreted, launch, tile_args, tiles_for
@@ -27,11 +29,11 @@ VARIANTS = ("atomic", "spinlock", "one_shot", "two_shot", "ring")
 
 
 @triton.jit
-def _matmul_tile_reduce_kernel(a, b, c, part, locks, context, M, N, K, sam, sak, sbk, sbn, scm, scn, row0,
+def _matmul_tile_reduce_kernel(a, b, c, part, locks, heap_bases, M, N, K, sam, sak, sbk, sbn, scm, scn, row0,
                                RANK: tl.constexpr, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                                BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, TMA: tl.constexpr,
                                A_T: tl.constexpr, B_T: tl.constexpr, STAGES: tl.constexpr, OP: tl.constexpr):
-    ctx = DeviceContext.initialize(context, RANK, WORLD)
+    ctx = tiles.Ranks(RANK, WORLD, heap_bases)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     # c's rows start at global row row0 (reduce-scatter into this rank's rows); the view spans all M
@@ -46,29 +48,29 @@ def _matmul_tile_reduce_kernel(a, b, c, part, locks, context, M, N, K, sam, sak,
             tl.store(p, tile.data, mask=mask)
         if OP == "one_shot" or OP == "two_shot" or OP == "reduce_scatter":
             tl.debug_barrier()  # every thread's stores before the flag
-            ctx.signal(locks + pid_m * num_n + pid_n, 1, RANK)
+            signal(locks + pid_m * num_n + pid_n, 1, RANK, RANK, heap_bases)  # release, sys scope
         if OP == "atomic":
-            ctx.all_reduce_atomic(tile, dst)
+            tiles.all_reduce_atomic(ctx, tile, dst)
         elif OP == "spinlock":
-            ctx.all_reduce_spinlock(tile, dst, locks)
+            tiles.all_reduce_spinlock(ctx, tile, dst, locks)
         elif OP == "one_shot":
-            ctx.all_reduce_one_shot(tile, published, dst, locks)
+            tiles.all_reduce_one_shot(ctx, tile, published, dst, locks)
         elif OP == "two_shot":
-            ctx.all_reduce_two_shot(tile, published, dst, locks)
+            tiles.all_reduce_two_shot(ctx, tile, published, dst, locks)
         elif OP == "reduce_scatter":
-            ctx.reduce_scatter(tile, published, dst, locks)
+            tiles.reduce_scatter(ctx, tile, published, dst, locks)
 
 
 @triton.jit
-def _ring_kernel(part, c, context, M, N, scm, scn, RANK: tl.constexpr, WORLD: tl.constexpr, BM: tl.constexpr,
+def _ring_kernel(part, c, heap_bases, M, N, scm, scn, RANK: tl.constexpr, WORLD: tl.constexpr, BM: tl.constexpr,
                  BN: tl.constexpr, NUM_SMS: tl.constexpr):
     """all_reduce_ring needs every rank's partials complete before it starts: a second launch."""
-    ctx = DeviceContext.initialize(context, RANK, WORLD)
+    ctx = tiles.Ranks(RANK, WORLD, heap_bases)
     num_n = tl.cdiv(N, BN)
     dst = make_tensor_view(c, M, N, scm, scn)
     published = make_tensor_view(part, M, N, N, 1)
     for t in range(tl.program_id(0), tl.cdiv(M, BM) * num_n, NUM_SMS):
-        ctx.all_reduce_ring(TileView(t // num_n, t % num_n, BM, BN), published, dst)
+        tiles.all_reduce_ring(ctx, TileView(t // num_n, t % num_n, BM, BN), published, dst)
 
 
 def check(name: str, ctx, A, B, output, config: FusedConfig, scatter: bool) -> None:
@@ -124,7 +126,7 @@ def run(ctx, output, A, B, ws) -> torch.Tensor:
     if op == "ring":
         ctx.device_barrier()
         t = ws["tiles"]
-        _ring_kernel[(t.sms,)](ws["part"], out, ctx.get_device_context(), A.shape[0], B.shape[1], out.stride(0),
+        _ring_kernel[(t.sms,)](ws["part"], out, ctx.get_heap_bases(), A.shape[0], B.shape[1], out.stride(0),
                                out.stride(1), RANK=ctx.rank, WORLD=ctx.world, BM=t.bm, BN=t.bn, NUM_SMS=t.sms)
     ctx.device_barrier()
     if out is not output:
@@ -137,6 +139,6 @@ def _args(ctx, output, out, A, B, ws):
     a, b, kw = tile_args(A, B, t)
     grid = min(t.sms, triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn))
     row0 = ctx.rank * (m // ctx.world) if out.shape[0] != m else 0
-    return ((grid,), (a, b, out, ws["part"], ws["locks"], ctx.get_device_context(), m, n, k, A.stride(0), A.stride(1),
+    return ((grid,), (a, b, out, ws["part"], ws["locks"], ctx.get_heap_bases(), m, n, k, A.stride(0), A.stride(1),
                       B.stride(0), B.stride(1), out.stride(0), out.stride(1), row0),
             dict(kw, RANK=ctx.rank, WORLD=ctx.world, NUM_SMS=grid, OP=ws["tile_op"]))
