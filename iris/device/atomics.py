@@ -11,9 +11,9 @@ device), "sys" (every device and the host): use "sys" to synchronize with anothe
 Every function returns the old values.
 
 Dtypes are Triton's: add takes fp16/bf16/fp32/fp64/int32/int64 (and unsigned); min, max and xchg
-fp32/fp64/int32/int64; and, or, xor int32/int64; cas any 16, 32 or 64-bit type. Each function is
-_rmw with its operation: the pointer translated and near._atomic issued, or the call handed to the
-NVSHMEM path where INDIRECT_PEERS is set.
+fp32/fp64/int32/int64; and, or, xor int32/int64; cas any 16, 32 or 64-bit type. Each function issues
+near._atomic with its operation on the translated pointer, or hands the call to the NVSHMEM path
+where INDIRECT_PEERS is set.
 """
 import triton
 import triton.language as tl
@@ -24,19 +24,13 @@ from .translate import _translate
 
 
 @triton.jit
-def _rmw(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem: tl.constexpr,
-         scope: tl.constexpr, hint: tl.constexpr):
-    if INDIRECT_PEERS:
-        return _indirect.atomic(OP, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
-    return _atomic(OP, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, mask, sem, scope)
-
-
-@triton.jit
 def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.constexpr = None,
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically adds val to to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(ADD, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(ADD, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(ADD, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
 @triton.jit
@@ -44,7 +38,9 @@ def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically subtracts val from to_rank's memory at ptr (adds -val); returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(ADD, ptr, -val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(ADD, ptr, -val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(ADD, _translate(ptr, from_rank, to_rank, heap_bases, hint), -val, None, mask, sem, scope)
 
 
 @triton.jit
@@ -54,7 +50,9 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     (the swap happened where old == cmp).
     cmp: the expected values; ptr, from_rank, to_rank, heap_bases, sem, scope, hint: as in the module
     docstring."""
-    return _rmw(CAS, ptr, val, cmp, from_rank, to_rank, heap_bases, None, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(CAS, ptr, val, cmp, from_rank, to_rank, heap_bases, None, sem, scope, hint)
+    return _atomic(CAS, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, None, sem, scope)
 
 
 @triton.jit
@@ -62,7 +60,9 @@ def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.con
                 scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores val at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(XCHG, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(XCHG, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(XCHG, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
 @triton.jit
@@ -70,7 +70,9 @@ def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically ands val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(AND, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(AND, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(AND, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
 @triton.jit
@@ -78,7 +80,9 @@ def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.const
               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically ors val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(OR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(OR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(OR, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
 @triton.jit
@@ -86,7 +90,9 @@ def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically xors val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(XOR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(XOR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(XOR, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
 @triton.jit
@@ -94,7 +100,9 @@ def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores min(old, val) at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(MIN, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(MIN, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(MIN, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
 @triton.jit
@@ -102,4 +110,6 @@ def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores max(old, val) at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    return _rmw(MAX, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    if INDIRECT_PEERS:
+        return _indirect.atomic(MAX, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+    return _atomic(MAX, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)

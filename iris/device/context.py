@@ -20,8 +20,8 @@ import triton.language as tl
 from ..tracing.device import DeviceTracing
 from ..tracing.events import TraceEvent
 from .aggregate import aggregate
-from .atomics import _rmw
-from .near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR
+from .atomics import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_sub, atomic_xchg,
+                      atomic_xor)
 from .rma import copy, get, load, put, store
 from .sync import signal, wait
 
@@ -110,67 +110,85 @@ class DeviceContext:
         self.tracing.record_event_end(event)
 
     @triton.jit
-    def _atomic(self, EVENT: tl.constexpr, OP: tl.constexpr, pointer, val, cmp, to_rank, mask, sem: tl.constexpr,
-                scope: tl.constexpr, hint: tl.constexpr):
-        """The atomic OP of iris.device.atomics from this rank on to_rank's memory, traced as EVENT."""
-        event = self.tracing.record_event_start(EVENT, to_rank, pointer, mask=mask)
-        old = _rmw(OP, pointer, val, cmp, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
-        self.tracing.record_event_end(event, old)
-        return old
-
-    @triton.jit
     def atomic_add(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                    hint: tl.constexpr = None):
         """iris.atomic_add from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_add, ADD, pointer, val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_add, to_rank, pointer, mask=mask)
+        old = atomic_add(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_sub(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                    hint: tl.constexpr = None):
         """iris.atomic_sub from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_sub, ADD, pointer, -val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_sub, to_rank, pointer, mask=mask)
+        old = atomic_sub(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_cas(self, pointer, cmp, val, to_rank, sem: tl.constexpr = None, scope: tl.constexpr = None,
                    hint: tl.constexpr = None):
         """iris.atomic_cas from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_cas, CAS, pointer, val, cmp, to_rank, None, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_cas, to_rank, pointer)
+        old = atomic_cas(pointer, cmp, val, self.rank, to_rank, self.heap_bases, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_xchg(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                     hint: tl.constexpr = None):
         """iris.atomic_xchg from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_xchg, XCHG, pointer, val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_xchg, to_rank, pointer, mask=mask)
+        old = atomic_xchg(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_and(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                    hint: tl.constexpr = None):
         """iris.atomic_and from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_and, AND, pointer, val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_and, to_rank, pointer, mask=mask)
+        old = atomic_and(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_or(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                   hint: tl.constexpr = None):
         """iris.atomic_or from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_or, OR, pointer, val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_or, to_rank, pointer, mask=mask)
+        old = atomic_or(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                    hint: tl.constexpr = None):
         """iris.atomic_xor from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_xor, XOR, pointer, val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_xor, to_rank, pointer, mask=mask)
+        old = atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_min(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                    hint: tl.constexpr = None):
         """iris.atomic_min from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_min, MIN, pointer, val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_min, to_rank, pointer, mask=mask)
+        old = atomic_min(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def atomic_max(self, pointer, val, to_rank, mask=None, sem: tl.constexpr = None, scope: tl.constexpr = None,
                    hint: tl.constexpr = None):
         """iris.atomic_max from this rank on to_rank's memory; returns the old values."""
-        return self._atomic(TraceEvent().atomic_max, MAX, pointer, val, None, to_rank, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(TraceEvent().atomic_max, to_rank, pointer, mask=mask)
+        old = atomic_max(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event, old)
+        return old
 
     @triton.jit
     def signal(self, flag_ptr, value, to_rank, op: tl.constexpr = None, sem: tl.constexpr = None,
