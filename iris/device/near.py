@@ -7,9 +7,11 @@ What matters:
   IRIS_INDIRECT_PEERS when iris is imported, and use_indirect_peers() turns it on when the context's
   heap has an indirect peer. Set it before the first kernel compiles: Triton compares a kernel's
   globals at each launch and refuses one compiled under the other value.
-- _atomic is the one definition of the nine atomics on a mapped pointer; the public atomics, the
-  DeviceContext methods, Gluon's IrisDeviceCtx (the same body compiled by gluon.jit) and the indirect
-  path's direct side all call it.
+- _atomic is the one definition of the nine atomics on a mapped pointer: the public atomics (and the
+  DeviceContext methods through them), Gluon's IrisDeviceCtx (the same body compiled by gluon.jit)
+  and the indirect path's direct side all call it. Each device-function call costs the Triton
+  interpreter a patch of triton.language, so the public functions call it directly, not through a
+  dispatcher of their own.
 """
 import os
 
