@@ -13,14 +13,13 @@ What matters:
   interpreter a patch of triton.language, so the public functions call it directly, not through a
   dispatcher of their own.
 """
-import os
-
 import triton
 import triton.language as tl
 
+from .. import settings
 from . import nvshmem as nv
 
-INDIRECT_PEERS: tl.constexpr = tl.constexpr(os.environ.get("IRIS_INDIRECT_PEERS", "").strip() not in ("", "none"))
+INDIRECT_PEERS: tl.constexpr = tl.constexpr(bool(settings.INDIRECT_PEERS.get()))
 # atomic operations: NVSHMEM's codes where it has the operation (the far path hands them on), then the two it lacks
 ADD: tl.constexpr = nv.AMO_ADD
 CAS: tl.constexpr = nv.AMO_CAS
