@@ -57,3 +57,15 @@ class AddressMapError(IrisError, ValueError):
 
 class ProviderUnavailable(IrisError, ImportError):
     """An optional provider's package is missing or cannot run here; names the pip extra to install."""
+
+
+class CollectiveError(IrisError, ValueError):
+    """A collective (ctx.ccl) was called with tensors it cannot take; nothing was allocated or launched."""
+
+
+class GluonUnavailable(IrisError, ImportError):
+    """Config(use_gluon=True) asked for a Gluon kernel that cannot run here."""
+
+
+class ConfigError(IrisError, ValueError):
+    """A ccl Config field holds a value the collective cannot use; names the field and the allowed values."""
