@@ -3,7 +3,7 @@ stream while side streams move finished chunks between ranks with the copy engin
 peers' heap views), ordered by per-chunk flags on the heap.
 
 The persistent kernels pay for communication with SM time: each program pushes its tile after
-computing it, so on 2x H200 matmul_all_reduce at M >= 512 took twice the matmul alone. Here no SM
+computing it, which slows the GEMM itself (benchmarks/gemm_comm.py; docs/performance.md). Here no SM
 moves data; SMs only add the partials of an all-reduce chunk while cuBLAS works on the next chunk.
 Eager calls replay a CUDA graph of the whole sequence once the same tensors come back (dozens of
 launches then cost one); under the caller's own capture the sequence is captured as it is.
