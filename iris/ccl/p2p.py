@@ -20,8 +20,7 @@ from . import puts
 from .builders import pair_state
 from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, position, tensor
 from .kernels.pair import barrier_kernel, mailbox_kernel, p2p_kernel
-from .plan import Knobs, Plan, pow2
-from .rooted import knobs, pair_split
+from .plan import Knobs, Plan, pair_knobs, pair_split, pow2
 
 PROGRAMS = 128  # the most programs of a mailbox transfer: each keeps its own counts per rank
 
@@ -40,7 +39,7 @@ class P2PState:
                                   f"holds), got {max_numel!r}")
         w = ctx.get_num_ranks()
         self.max_numel, self.dtype = max_numel, torch.bfloat16 if dtype is None else dtype
-        _, self.per, self.block = pair_split(ctx.ccl, max_numel, self.dtype, knobs(config), PROGRAMS)
+        _, self.per, self.block = pair_split(max_numel, self.dtype, pair_knobs(config), ctx.ccl.sms, PROGRAMS)
         self.inbox = ctx.zeros(w * max_numel, dtype=self.dtype)
         self.sent, self.acked = (ctx.zeros((PROGRAMS, w), dtype=torch.int64) for _ in range(2))
         self.counts = {send: torch.zeros(PROGRAMS, w, dtype=torch.int64, device=self.inbox.device)
@@ -176,7 +175,7 @@ def _mail(ccl, send, t, peer, state, group, config) -> None:
     slot = state.slot(call, ccl.ctx.rank if send else ranks[pos], t)
     if send:
         contiguous("send(p2p_state=...)", "tensor", t)
-    knob = knobs(config)
+    knob = pair_knobs(config)
     key = (send, ranks[pos], t.numel(), t.dtype, knob.warps, knob.spin)
     plan = state.plans.get(key)
     if plan is None:
@@ -217,7 +216,7 @@ def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
     if call == "sendrecv" and (to == me) != (frm == me):
         raise CollectiveError(f"sendrecv(dst={to}, src={frm}) on position {me}: a rank that sends to itself receives "
                               "from itself, and only then; pass both as this rank's position, or neither")
-    knob = knobs(config)
+    knob = pair_knobs(config)
     g_to = -1 if to is None else ranks[to]
     g_frm = -1 if frm is None else ranks[frm]
     key = ("p2p", g_to, g_frm, src_t.shape, dst_t.shape, src_t.dtype, dst_t.dtype, knob)
@@ -239,7 +238,7 @@ def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
                       "call it once")
         counters, seen = pair_state(ccl)
         n = dst_t.numel()
-        programs, per, block = pair_split(ccl, n, dst_t.dtype, knob, counters.shape[0])
+        programs, per, block = pair_split(n, dst_t.dtype, knob, ccl.sms, counters.shape[0])
         plan = ccl.plans[key] = Plan(p2p_kernel, programs, {"num_warps": knob.warps or 8}, src=src_t, dst=dst_t,
                                      counters=counters, seen=seen, heap_bases=ccl.ctx.get_heap_bases(), n=n, per=per,
                                      rank=ccl.ctx.rank, to=g_to, frm=g_frm, world=ccl.ctx.world, BLOCK=block,

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from ..allocators.offsets import round_up
+from ..errors import CollectiveError
 from .config import checked
 from .launch import Launcher
 
@@ -68,6 +69,14 @@ def knobs(config) -> Knobs:
     return Knobs(config.block_size, config.num_warps or 0, config.comm_sms or 0, config.spin_limit)
 
 
+def pair_knobs(config) -> Knobs:
+    """config's Knobs for the rooted and point-to-point calls, which have no Gluon kernel."""
+    knob = knobs(config)
+    if config is not None and config.use_gluon:
+        raise CollectiveError("these collectives have no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
+    return knob
+
+
 def block_for(block_size: int, dtype: torch.dtype) -> int:
     """Elements per step of the flat kernels: Config.block_size, else 16 KiB worth
     (benchmarks/collectives.py --variants)."""
@@ -80,6 +89,13 @@ def split(n: int, block: int, most: int) -> tuple:
     programs = max(1, min(most, -(-n // block)))
     per = round_up(-(-n // programs), block) or block
     return max(1, -(-n // per)), per
+
+
+def pair_split(n: int, dtype: torch.dtype, knob: Knobs, sms: int, cap: int) -> tuple:
+    """(programs, elements per program, block) of a pair kernel: at most comm_sms (else sms) and cap
+    programs."""
+    block = block_for(knob.block, dtype)
+    return split(n, block, min(knob.sms or sms, cap)) + (block,)
 
 
 def options(cfg, warps: int) -> dict:

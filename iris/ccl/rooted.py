@@ -13,22 +13,7 @@ from .builders import pair_state
 from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, position, same_dtype, tensor
 from .config import ReduceOp
 from .kernels.pair import rooted_kernel
-from .plan import Knobs, Plan, block_for, knobs as _knobs, pow2, split
-
-
-def knobs(config) -> Knobs:
-    """config's Knobs for the rooted and point-to-point calls, which have no Gluon kernel."""
-    knob = _knobs(config)
-    if config is not None and config.use_gluon:
-        raise CollectiveError("these collectives have no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
-    return knob
-
-
-def pair_split(ccl, n, dtype, knob, cap) -> tuple:
-    """(programs, elements per program, block) of a pair kernel: at most comm_sms (else an SM each) and
-    cap programs."""
-    block = block_for(knob.block, dtype)
-    return split(n, block, min(knob.sms or ccl.sms, cap)) + (block,)
+from .plan import Plan, pair_knobs, pair_split, pow2
 
 
 # -- the collectives ---------------------------------------------------------
@@ -68,7 +53,7 @@ def _rooted(ccl, mode, out, inp, root, role, group, config, op) -> None:
         nonempty(mode, name, t)
     ranks = ccl.groups.ranks(group, mode)
     position(mode, role, root, ranks)
-    knob = knobs(config)
+    knob = pair_knobs(config)
     key = ("rooted", mode, ranks, root, op, inp.shape, out.shape, inp.dtype, out.dtype, knob)
     plan = ccl.plans.get(key)
     if plan is None:
@@ -114,7 +99,7 @@ def _plan(ccl, mode, out, inp, ranks, root, op, knob) -> Plan:
     ctx, g = ccl.ctx, len(ranks)
     counters, seen = pair_state(ccl)
     n = out.numel() if mode == "scatter" else inp.numel()
-    programs, per, block = pair_split(ccl, n, inp.dtype, knob, counters.shape[0])
+    programs, per, block = pair_split(n, inp.dtype, knob, ccl.sms, counters.shape[0])
     return Plan(rooted_kernel, programs, {"num_warps": knob.warps or 8}, inp=inp, out=out,
                 members=ccl.groups.members(ranks), counters=counters, seen=seen, n=n, per=per, me=ranks.index(ctx.rank),
                 rank=ctx.rank, root=root, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode, OP=op.value,
