@@ -1,4 +1,4 @@
-"""ctx.ccl in a job with indirect peers: every collective through the put-based kernel (iris/ccl/put_kernel.py).
+"""ctx.ccl in a job with indirect peers: every collective through the put-based kernel (iris/ccl/kernels/put.py).
 
 On the host, IRIS_CCL_PUTS=1 runs that path over direct peers (the kernel reaches every peer through
 iris.put and iris's atomics, so the same kernel runs with NVSHMEM where peers are indirect); on a GPU,

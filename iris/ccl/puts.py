@@ -1,4 +1,4 @@
-"""ctx.ccl in a job with indirect peers: the plans of put_kernel.py, which serves every collective.
+"""ctx.ccl in a job with indirect peers: the plans of kernels/put.py's put_kernel, which serves every collective.
 
 What matters:
 - The path is chosen once per context (ctx.reserve.puts): where some rank of the job has an indirect peer
