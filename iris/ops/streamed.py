@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import signal, wait
+from ..ccl.config import Config
 from ..ccl.launch import Launcher
+from ..device import signal, wait
 from .gemm import interpreted
 
 CAPTURE_AFTER = 2  # eager calls with the same tensors before the sequence is captured and replayed
@@ -95,7 +96,6 @@ def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None) -> dict:
     ws["tx"] = torch.cuda.Stream(dev) if cuda else None
     ws["rx"] = torch.cuda.Stream(dev) if cuda else None
     if kind == "ar" and comm_sms:
-        from ..ccl import Config
         ws["ccl"] = Config(comm_sms=comm_sms)
         for a, b in ws["rows"]:  # its workspaces too, so that the first call can be captured
             ctx.ccl.all_reduce_preamble(output[a:b], ws["buf"][a:b], config=ws["ccl"])
