@@ -121,7 +121,7 @@ class CCL:
                 plan = self.plans[key] = self._all_reduce_plan(out, inp, ReduceOp(op), cfg)
             layout(out, inp)
             self.recent = _Recent(weakref.ref(inp), weakref.ref(out), op, ck, inp.data_ptr(), out.data_ptr(),
-                                    inp.numel(), plan)
+                                  inp.numel(), plan)
         if plan.per_call:
             plan(inp, out, flags=(self._resident(inp), self._resident(out)))
         else:
