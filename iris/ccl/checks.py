@@ -17,7 +17,8 @@ def tensor(call: str, name: str, t, device) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{call}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != device:
-        raise CollectiveError(f"{call}: {name} is on {t.device} but this rank's heap is on {device}; move it there first")
+        raise CollectiveError(f"{call}: {name} is on {t.device} but this rank's heap is on {device}; move it there "
+                              "first")
     if t.dtype not in DTYPES:
         raise CollectiveError(f"{call}: {name} has dtype {t.dtype}, not supported; use one of "
                               f"{', '.join(str(d) for d in DTYPES)}")
