@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import distributed
+from . import distributed, settings
 from .allocators import ALIASES, ALLOCATORS
 from .device_name import DeviceName
 from .errors import IrisError
@@ -67,7 +67,7 @@ class Iris:
         heap_size = _check_heap_size(heap_size)
         if allocator is not None and allocator_type is not None and allocator != allocator_type:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
-        name = os.environ.get("IRIS_ALLOCATOR") or allocator or allocator_type or "torch"
+        name = settings.ALLOCATOR.get() or allocator or allocator_type or "torch"
         name = ALIASES.get(name, name)
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
@@ -82,9 +82,10 @@ class Iris:
             if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
                 self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
                                             "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
-                if reach.forced(self.world):
-                    raise IrisError(f"IRIS_INDIRECT_PEERS={os.environ['IRIS_INDIRECT_PEERS']} asks for indirect peers, "
-                                    f"which only allocator='nvshmem' reaches; allocator={name!r} maps every peer")
+                named = reach.forced(self.world)
+                if named:
+                    raise IrisError(f"IRIS_INDIRECT_PEERS names ranks {sorted(named)} as indirect peers, which only "
+                                    f"allocator='nvshmem' reaches; allocator={name!r} maps every peer")
             index = self.group.local_rank % self.driver.device_count()
             self.driver.set_device(index)
             if self.driver.torch_device == "cpu":

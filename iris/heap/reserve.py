@@ -13,10 +13,9 @@ What matters:
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .. import settings
 from ..allocators.offsets import round_up
 from ..errors import IrisError
 from . import reach
@@ -37,7 +36,7 @@ def size(world: int, puts: bool = False) -> int:
 
 def puts_asked() -> bool:
     """IRIS_CCL_PUTS=1: ctx.ccl moves data by puts although every peer is direct (tests, benchmarks)."""
-    return os.environ.get("IRIS_CCL_PUTS", "").strip() not in ("", "0")
+    return settings.CCL_PUTS.get()
 
 
 def puts_expected(allocator, world: int, group) -> bool:
