@@ -18,8 +18,9 @@ matmul_all_reduce also takes "atomic", "spinlock" and "ring".
 
 Two implementations (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS
 by chunks of rows with copy-engine transfers on side streams (streamed.py). With config=None iris
-picks what measured faster on 2x H200 (docs/collectives.md): streamed for matmul_all_reduce from
-1024 rows and for a large row-layout matmul_reduce_scatter, fused otherwise, and always on the host.
+picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
+matmul_all_reduce from STREAMED_MIN_ROWS rows and for a large row-layout matmul_reduce_scatter,
+fused otherwise, and always on the host.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from .config import FusedConfig
 from .gemm import interpreted, matmul
 from .workspace import FusedWorkspace
 
-# where "streamed" measured faster on 2x H200 (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
+# where "streamed" is chosen: benchmarks/gemm_comm.py (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
 STREAMED_MIN_ROWS = 1024
 STREAMED_MIN_MACS = 1 << 36
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
@@ -120,7 +121,7 @@ class OpsNamespace:
     def _kind(self, kind, output, A, B, config) -> str:
         """The op's layout and algorithm from the shapes and config, checked (before any allocation)."""
         w = self._ctx.world
-        if getattr(self._ctx, "_indirect_job", False):
+        if self._ctx.reserve.indirect:
             raise IndirectPeerError("iris.ops: its fused GEMMs load and store into peers' memory directly, "
                                     "and some rank of this job has an indirect peer (another node, or "
                                     "IRIS_INDIRECT_PEERS); run the GEMM with torch and the communication with "
