@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack
+from functools import cached_property
 from typing import Dict
 
 import torch
@@ -12,6 +13,9 @@ from ..allocators.sorted_ints import SortedInts
 from ..allocators.vmem import always
 from ..device.translate import bases_tensor
 from . import reach
+from .address_map import SymmetricAddressMap, address_map
+from .as_symmetric import AsSymmetric
+from .factories import Factories
 from .imports import Imports, Region
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
@@ -189,7 +193,39 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             out.update(off for off, size in desc if off < lo + max(n, 1) and lo < off + size)
         return sorted(out)
 
+    @cached_property
+    def factories(self) -> Factories:
+        """torch's tensor factories over this heap (ctx.zeros, ...)."""
+        return Factories(self)
+
+    @cached_property
+    def as_symmetric(self) -> AsSymmetric:
+        """heap.as_symmetric(t, copy): t's contents on the heap, zero copy where t's memory can be mapped."""
+        return AsSymmetric(self, self.factories)
+
+    # -- address maps (Iris's allocate_symmetric) ---------------------------
+    def allocate_symmetric_map(self, *size, dtype=None):
+        """(new heap tensor, its SymmetricAddressMap). Collective: all ranks, same order, same sizes."""
+        t = self.factories.empty(*size, dtype=dtype)
+        return t, self.address_map(t)
+
+    def address_map(self, t: torch.Tensor) -> SymmetricAddressMap:
+        """The SymmetricAddressMap of the allocation t lies in (a view maps to its whole allocation,
+        so translation stays exact); KeyError if t is not in a live allocation of this heap."""
+        if not isinstance(t, torch.Tensor) or not self.contains(t):
+            raise KeyError("the tensor is not on this heap: allocate it with ctx.allocate_symmetric or a factory")
+        try:
+            block = self.block_of(t)[0]
+        except ValueError as e:
+            raise KeyError(str(e)) from None
+        bases = [b + block.offset if b else 0 for b in self.bases]
+        return address_map(bases, self.rank, self.world, bases[self.rank], block.nbytes, self.device)
+
     # -- views -------------------------------------------------------------
+    def block_at(self, address: int):
+        """The live block made by allocate that starts at address, or None: ctx.free's usual path."""
+        return self._at.get(address - self._base)
+
     def tensor(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """A view of the imported tensor at offset (as_symmetric)."""
         block = self._import_blocks[offset]
