@@ -260,8 +260,8 @@ class Iris:
     # -- factories (iris/heap/factories.py): torch's signatures; collective: all ranks, same order, same sizes
     def empty(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False,
               pin_memory=False, memory_format=_CONTIGUOUS) -> torch.Tensor:
-        return self.heap.factories.empty(*size, out=out, dtype=dtype, layout=layout, device=device,
-                                         requires_grad=requires_grad, pin_memory=pin_memory, memory_format=memory_format)
+        return self.heap.factories.empty(*size, out=out, dtype=dtype, layout=layout, device=device, requires_grad=
+                                         requires_grad, pin_memory=pin_memory, memory_format=memory_format)
 
     def zeros(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False) -> torch.Tensor:
         return self.heap.factories.zeros(*size, out=out, dtype=dtype, layout=layout, device=device,

@@ -47,9 +47,10 @@ class VMemAllocator:
         g = driver.granularity()
         self.chunk = self.granularity = round_up(max(chunk_size, g), g)  # sizes round up to it
         self.size = round_up(heap_size, self.chunk)
-        if (heap_size - reserved) % self.chunk:  # the user's part; the stack level names the call that made the heap
+        if (heap_size - reserved) % self.chunk:  # the user's part; stacklevel 3: the caller of who made the heap
             warnings.warn(f"heap_size={heap_size - reserved} is not a multiple of the {self.chunk}-byte chunk of the "
-                          f"{self.name} allocator: rounded up; the heap holds {self.size - reserved} bytes", stacklevel=3)
+                          f"{self.name} allocator: rounded up; the heap holds {self.size - reserved} bytes",
+                          stacklevel=3)
         self.base = driver.reserve(self.size)
         self.offsets = CachingOffsets(self.size)
         self._policy = self.offsets.allocate  # bound once: the usual allocation's first call

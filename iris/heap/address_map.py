@@ -7,8 +7,9 @@ What matters:
 - Entry 0 means the peer is indirect (another node: reachable through NVSHMEM's device API, not
   by load and store). `direct_table` refuses such a table: translating through 0 writes anywhere.
 - Imports only torch (and iris's own error tree and table layout), so no provider drags in another's
-  dependency (providers import it as iris.experimental.symmetric_memory). The table is laid out as heap_bases is, so IRIS_DEBUG=1 checks that every pointer a
-  device function translates lies inside this allocation.
+  dependency (providers import it as iris.experimental.symmetric_memory). The table is laid out as
+  heap_bases is, so IRIS_DEBUG=1 checks that every pointer a device function translates lies inside
+  this allocation.
 """
 from __future__ import annotations
 

@@ -46,8 +46,8 @@ class AsSymmetric:
         call = f"as_symmetric({len(todo)} tensors)" if batch else f"as_symmetric({tuple(t.shape)}, {t.dtype})"
         offsets = [None] * len(todo)
         if todo and heap.alloc.vmm and copy is not True:
-            xs = [tensors[i] for i in todo]
-            offsets = heap.adopt([keys[i][:2] for i in todo], [(tuple(x.shape), str(x.dtype)) for x in xs], call)
+            metas = [(tuple(tensors[i].shape), str(tensors[i].dtype)) for i in todo]
+            offsets = heap.imports.adopt([keys[i][:2] for i in todo], metas, call)
         for i, offset in zip(todo, offsets):
             x = tensors[i]
             out[i] = heap.tensor(offset, x.shape, x.dtype) if offset is not None else self._copy_in(x, copy, call)
@@ -83,7 +83,7 @@ class AsSymmetric:
 
     def is_zero_copy(self, t: torch.Tensor) -> bool:
         """Whether t is a heap view that aliases memory imported without a copy."""
-        return self.heap.contains(t) and self.heap.is_adopted(self.heap.offset_of(t))
+        return self.heap.contains(t) and self.heap.imports.is_adopted(self.heap.offset_of(t))
 
     def imported_at(self, offset: int) -> bool:
         """Whether an import (mapped or copied) starts at heap offset."""

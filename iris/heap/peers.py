@@ -28,13 +28,13 @@ class PeerMaps:
     def _open_peer_blocks(self, undo: ExitStack) -> None:
         """Open each peer's block once: by its VMM handles where it has them (torch's memory with
         expandable_segments:True, which legacy IPC cannot open; shared memory on the host), else by IPC."""
-        runs, pages = self._retain_runs([(self.alloc.base, self.size)])
+        runs, pages = self.imports.retain_runs([(self.alloc.base, self.size)])
         if runs[0] is not None:
             ptr, start, _ = runs[0]
             parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
             self._stats["peers_opened_by"] = "vmm handles"
             return self._map_peer_blocks(parts, ptr - start, undo)
-        self._release_pages(pages)
+        self.imports.release_pages(pages)
         self._stats["peers_opened_by"] = "ipc"
         mine = self.driver.ipc_export(self.alloc.base, self.size)
         own_fds = [mine.fd] if mine.fd is not None else []

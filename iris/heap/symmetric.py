@@ -16,7 +16,7 @@ from . import reach
 from .address_map import SymmetricAddressMap, address_map
 from .as_symmetric import AsSymmetric
 from .factories import Factories
-from .imports import Imports, Region
+from .imports import Imports
 from .lifetime import Block, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
@@ -29,7 +29,7 @@ def _not_capturing() -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
-class SymmetricHeap(PeerMaps, Imports, Lifetimes):
+class SymmetricHeap(PeerMaps, Lifetimes):
     """Every rank's heap at one layout, each peer's mapped here. Creating it is collective."""
 
     def __init__(self, allocator, driver, group, device: torch.device):
@@ -38,9 +38,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
         self._record, self._guarded = self.symmetry.note, self.symmetry.mode == "full"
-        self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [its Region, imports there]
-        self._regions: Dict[int, Region] = {}  # offset of a region of imported memory -> it
-        self._import_blocks: Dict[int, Block] = {}  # offset of an imported tensor -> its block
+        self.imports = Imports(self)  # memory mapped from elsewhere (as_symmetric)
         self._stats = {"growths": 0, "exchanges": 0, "trims": 0, "collected": 0}  # stats adds the two hot counts
         self._frees = 0
         self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
@@ -143,10 +141,10 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         block = self._at.get(offset)
         if block is not None:
             return self.free_block(block)
-        if offset not in self._adopted:
+        if not self.imports.is_adopted(offset):
             raise ValueError(f"free: no live allocation starts at heap offset {offset}: it was freed already "
                              "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
-        self._free_import(offset)  # an imported tensor: its region goes once no tensor covers it
+        self.imports.free(offset)  # an imported tensor: its region goes once no tensor covers it
         self._record(~offset)
         self._frees += 1
         return 0
@@ -228,13 +226,13 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
 
     def tensor(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """A view of the imported tensor at offset (as_symmetric)."""
-        block = self._import_blocks[offset]
+        block = self.imports.blocks[offset]
         return tensor_at(self.bases[self.rank] + offset, torch.Size(shape), dtype, self.device, Owner(self, block))
 
     def block_of(self, t: torch.Tensor):
         """(the live block t's storage was made over, t's byte offset in the heap); raises if there is none."""
         start = t.untyped_storage().data_ptr() - self._base
-        block = self._at.get(start) or self._import_blocks.get(start)
+        block = self._at.get(start) or self.imports.blocks.get(start)
         if block is None or t.get_device() != self._device_index:
             offset = self.offset_of(t)  # names a tensor that is not on the heap at all
             raise ValueError(f"the tensor at heap offset {offset} belongs to no live allocation: it was freed "
