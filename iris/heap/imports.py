@@ -205,7 +205,7 @@ class Imports:
                             end, at = max(everyone[p][i][2] for i in group), region.offset + top - (ptr - base)
                             while base < end:
                                 size = sizes[p][base]
-                                self.heap._import(p, at, size, fd_of(p, base), imported)
+                                self.heap.peer_maps.import_(p, at, size, fd_of(p, base), imported)
                                 views[p].append((at, size))
                                 base, at = base + size, at + size
                     clock.lap("import peers")
@@ -219,13 +219,13 @@ class Imports:
                     closer.start()
                     for p in self.peers:
                         for lo, hi in _runs(views[p]):
-                            self.driver.set_access(self.heap._peer_va[p] + lo, hi - lo)
+                            self.driver.set_access(self.heap.peer_maps.va[p] + lo, hi - lo)
                     clock.lap("set access peers")
                 except BaseException as e:
                     stream.fail(f"{type(e).__name__}: {e}")
                     raise
         except BaseException:
-            self.heap._unimport(imported)
+            self.heap.peer_maps.unimport(imported)
             self._undo_adopted(adopted)
             raise
         finally:
@@ -323,7 +323,7 @@ class Imports:
     def release_region(self, region: Region) -> None:
         """Unmap an agreed region everywhere, hand its handles back, and give its offsets to the policy."""
         del self.regions[region.offset]
-        self.heap._drop_peer_range(region.offset, region.offset + region.nbytes)
+        self.heap.peer_maps.drop_range(region.offset, region.offset + region.nbytes)
         self.alloc.undo(region.offset, self.alloc.segments_in(region.offset, region.nbytes))
 
     def is_adopted(self, offset: int) -> bool:

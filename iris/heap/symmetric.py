@@ -4,15 +4,12 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from functools import cached_property
-from typing import Dict
 
 import torch
 
 from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryError
-from ..allocators.sorted_ints import SortedInts
 from ..allocators.vmem import always
 from ..device.translate import bases_tensor
-from . import reach
 from .address_map import SymmetricAddressMap, address_map
 from .as_symmetric import AsSymmetric
 from .factories import Factories
@@ -29,7 +26,7 @@ def _not_capturing() -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
-class SymmetricHeap(PeerMaps, Lifetimes):
+class SymmetricHeap(Lifetimes):
     """Every rank's heap at one layout, each peer's mapped here. Creating it is collective."""
 
     def __init__(self, allocator, driver, group, device: torch.device):
@@ -41,9 +38,7 @@ class SymmetricHeap(PeerMaps, Lifetimes):
         self.imports = Imports(self)  # memory mapped from elsewhere (as_symmetric)
         self._stats = {"growths": 0, "exchanges": 0, "trims": 0, "collected": 0}  # stats adds the two hot counts
         self._frees = 0
-        self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
-        self._import_starts = {p: SortedInts() for p in self.peers}  # the same offsets, for range lookups
-        self._peer_va: Dict[int, int] = {}
+        self.peer_maps = PeerMaps(self)  # each peer's memory mapped here
         self.closed = False
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
@@ -52,15 +47,8 @@ class SymmetricHeap(PeerMaps, Lifetimes):
         self._view = tensor_maker(device, carrier=True)  # Owner has the slot
         self._reuse, self._release = allocator.reuse, allocator.free  # bound once: the usual path's calls
         with ExitStack() as undo:
-            if allocator.vmm:
-                for p in self.peers:
-                    self._peer_va[p] = driver.reserve(self.size)
-                    undo.callback(driver.free_va, self._peer_va[p], self.size)
-            elif hasattr(allocator, "peer_bases"):  # memory whose peers' copies its provider maps (NVSHMEM)
-                self._peer_va.update(reach.narrow(allocator.peer_bases(self.peers), self.rank, self.world))
-            else:
-                self._open_peer_blocks(undo)
-            self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
+            self.peer_maps.open(undo)
+            self.bases = [allocator.base if p == self.rank else self.peer_maps.va[p] for p in range(self.world)]
             self._base = allocator.base
             self.heap_bases = bases_tensor(self.bases, self.size, self.rank, device)  # hidden entries for IRIS_DEBUG
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
@@ -111,7 +99,7 @@ class SymmetricHeap(PeerMaps, Lifetimes):
                 offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
-                self._grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
+                self.peer_maps.grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
                 raise
             if not self.collect("allocate (heap full)"):  # every rank is full here too
                 raise
@@ -122,7 +110,7 @@ class SymmetricHeap(PeerMaps, Lifetimes):
                                "this tensor before capture, or reserve room first: before capturing, allocate and "
                                "free one tensor as large as everything the graph allocates.")
         if new:
-            self._grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
+            self.peer_maps.grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
         return offset
 
     def _grow_now(self) -> bool:
@@ -179,7 +167,7 @@ class SymmetricHeap(PeerMaps, Lifetimes):
         keep = set().union(*(g[1] for g in got))
         segments = [s for s in segments if s.offset not in keep]
         for s in segments:
-            self._drop_peer_range(s.offset, s.offset + s.size)
+            self.peer_maps.drop_range(s.offset, s.offset + s.size)
         self.alloc.release(segments)
         self._stats["trims"] += 1
         return sum(s.size for s in segments)
@@ -303,7 +291,7 @@ class SymmetricHeap(PeerMaps, Lifetimes):
 
     def _teardown(self) -> None:
         try:
-            self._drop_peer_range(0, self.size)
+            self.peer_maps.drop_range(0, self.size)
             self._peer_blocks.close()  # peer reservations, or peer blocks opened once
             self.alloc.close()
         finally:
