@@ -377,7 +377,7 @@ class Iris:
     def scope(self):
         """Frees, at exit, every block the factories allocated inside that is still live, newest
         last, whether or not tensors over it remain. Collective: all ranks."""
-        mark = self.heap._serial + 1
+        mark = self.heap.next_serial()
         try:
             yield self
         finally:

@@ -166,6 +166,10 @@ class Lifetimes:
         give back to the pool every block freed before; returns bytes given back. Collective: all ranks."""
         return self._release_agreed(self.group.allgather(self._point(True), what))
 
+    def next_serial(self) -> int:
+        """The serial the next allocation gets: a mark for offsets_since."""
+        return self._serial + 1
+
     def offsets_since(self, mark: int) -> List[int]:
         """Offsets of live blocks allocated at or after serial mark, in allocation order."""
         out = []
