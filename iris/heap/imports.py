@@ -44,9 +44,10 @@ class Imports:
 
     IMPORT_STEP = 32  # pages whose fds travel in one background exchange
 
-    def __init__(self, heap):
+    def __init__(self, heap, stats: dict):
         self.heap = heap
         self.driver, self.group, self.alloc, self.symmetry = heap.driver, heap.group, heap.alloc, heap.symmetry
+        self._stats = stats  # the heap's counts (heap.stats) of exchanges and growths
         self.rank, self.world, self.peers = heap.rank, heap.world, heap.peers
         self.adopted: Dict[int, list] = {}  # offset of an imported tensor -> [its Region, imports there]
         self.regions: Dict[int, Region] = {}  # offset of a region of imported memory -> it
@@ -159,7 +160,7 @@ class Imports:
             layout = self._layout(runs, pages)
             point = self.heap._point()
             got = self.group.allgather((runs, metas, layout, self.symmetry.token(call), point), "as_symmetric")
-            self.heap._stats["exchanges"] += 1
+            self._stats["exchanges"] += 1
             clock.lap("plan exchange")
             self.heap._release_agreed([o[4] for o in got])
             self.symmetry.compare([o[3] for o in got], self.rank, call)
@@ -172,7 +173,7 @@ class Imports:
             wanted = [self._wanted(everyone[q], sizes[q], plan) for q in range(self.world)]
             step = self.IMPORT_STEP
             steps = -(-max(map(len, wanted)) // step) if self.peers else 0
-            self.heap._stats["exchanges"] += steps
+            self._stats["exchanges"] += steps
             clock.lap("plan")
             with BackgroundExchanges(self.group, steps, "as_symmetric pages") as stream:
                 try:
@@ -234,9 +235,9 @@ class Imports:
                 closer.join()
             close_fds(fd for p in received for fd in received[p].values())
             clock.lap("close fds")
-            self.heap._stats["as_symmetric_ms"] = clock.laps
+            self._stats["as_symmetric_ms"] = clock.laps
         if adopted:
-            self.heap._stats["growths"] += 1
+            self._stats["growths"] += 1
         self.symmetry.record(call)
         return offsets
 

@@ -27,9 +27,10 @@ class PeerMaps:
     """Peer views: a VMM heap maps each peer's segments into a reserved range of the same size; a
     plain block is opened once through IPC; a provider's memory comes with its peers' bases."""
 
-    def __init__(self, heap):
+    def __init__(self, heap, stats: dict):
         self.heap = heap
         self.driver, self.group, self.alloc, self.symmetry = heap.driver, heap.group, heap.alloc, heap.symmetry
+        self._stats = stats  # the heap's counts (heap.stats) of exchanges and growths
         self.rank, self.world, self.peers, self.size = heap.rank, heap.world, heap.peers, heap.size
         self.va: Dict[int, int] = {}  # peer -> where its heap is mapped here (0: indirect, not mapped)
         self._mapped: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
@@ -54,10 +55,10 @@ class PeerMaps:
         if runs[0] is not None:
             ptr, start, _ = runs[0]
             parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
-            self.heap._stats["peers_opened_by"] = "vmm handles"
+            self._stats["peers_opened_by"] = "vmm handles"
             return self._map_blocks(parts, ptr - start, undo)
         self.heap.imports.release_pages(pages)
-        self.heap._stats["peers_opened_by"] = "ipc"
+        self._stats["peers_opened_by"] = "ipc"
         mine = self.driver.ipc_export(self.alloc.base, self.size)
         own_fds = [mine.fd] if mine.fd is not None else []
         try:
@@ -112,7 +113,7 @@ class PeerMaps:
                                             "heap growth")
         finally:
             close_fds(own)
-        self.heap._stats["exchanges"] += 1
+        self._stats["exchanges"] += 1
         received = [fd for p in self.peers for fd in fds[p]]
         try:
             self.heap._release_agreed([o[3] for o in objs])
@@ -149,7 +150,7 @@ class PeerMaps:
             except BaseException:
                 self.unimport(imported)
                 raise
-            self.heap._stats["growths"] += 1
+            self._stats["growths"] += 1
         finally:
             close_fds(received)
 

@@ -35,10 +35,10 @@ class SymmetricHeap(Lifetimes):
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
         self._record, self._guarded = self.symmetry.note, self.symmetry.mode == "full"
-        self.imports = Imports(self)  # memory mapped from elsewhere (as_symmetric)
         self._stats = {"growths": 0, "exchanges": 0, "trims": 0, "collected": 0}  # stats adds the two hot counts
+        self.imports = Imports(self, self._stats)  # memory mapped from elsewhere (as_symmetric)
         self._frees = 0
-        self.peer_maps = PeerMaps(self)  # each peer's memory mapped here
+        self.peer_maps = PeerMaps(self, self._stats)  # each peer's memory mapped here
         self.closed = False
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
