@@ -12,11 +12,13 @@ class TorchAllocator:
 
     vmm = False
     one_host = True  # peers open the block through IPC: the context refuses a job spanning hosts
-    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    name = "torch"  # its key in ALLOCATORS
+    reserved = 0  # bytes of size that iris keeps for itself, beyond the user's heap_size
     granularity = 1  # heap sizes are taken as asked
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, device: torch.device, group=None):
+    def __init__(self, driver, heap_size: int, device: torch.device, group=None, reserved: int = 0):
+        self.reserved = reserved
         if torch.device(device).type == "cpu":  # the host driver shares it by fd: made shared, not copied there
             block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(heap_size))
         else:
