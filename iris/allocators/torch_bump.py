@@ -15,17 +15,20 @@ class TorchAllocator:
 
     vmm = False
     one_host = True  # peers open the block through IPC: the context refuses a job spanning hosts
-    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    name = "torch"  # its key in ALLOCATORS
+    reserved = 0  # bytes of size that iris keeps for itself, beyond the user's heap_size
     granularity = 1  # heap sizes are taken as asked
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, device: torch.device, group=None):
+    def __init__(self, driver, heap_size: int, device: torch.device, group=None, reserved: int = 0):
+        self.reserved = reserved
         total = driver.mem_info()[1]
         if heap_size > total:  # checked before anything is taken
             raise HeapOutOfMemory(heap_size, total, heap_size,
                                   f"the heap needs {heap_size} bytes (heap_size and iris's own few KiB), more than "
-                                  f"the {total} bytes of memory here, and allocator='torch' takes its whole block at start. Use allocator='vmem' (it backs "
-                                  "only the chunks in use, so heap_size may exceed memory) or a smaller heap_size.")
+                                  f"the {total} bytes of memory here, and allocator='torch' takes its whole block at "
+                                  "start. Use allocator='vmem' (it backs only the chunks in use, so heap_size may "
+                                  "exceed memory) or a smaller heap_size.")
         self.driver, self._mapped = driver, None
         if torch.device(device).type == "cpu":
             self.block = None
