@@ -36,7 +36,16 @@ class SymmetryError(IrisError, RuntimeError):
 
 
 class CaptureError(IrisError, RuntimeError):
-    """An allocation during CUDA graph capture needed the heap to grow, which capture forbids."""
+    """An allocation or free during CUDA graph capture that capture cannot record safely (growth, a free)."""
+
+
+class ReuseTimeout(IrisError, TimeoutError):
+    """A reused heap block waited too long for peers' work queued before their free of it: names the
+    block, the ranks and the ordering rule that was broken."""
+
+    def __init__(self, message: str, offset: int = -1, ranks=()):
+        self.offset, self.ranks = offset, tuple(ranks)
+        super().__init__(message)
 
 
 class ContextClosed(IrisError, RuntimeError):
