@@ -25,6 +25,18 @@ def _raises(fn, match):
         raise AssertionError(f"no ValueError ({match})")
 
 
+def _summed(shmem, M, N):
+    """A random heap input of this rank, its sum over the ranks (gloo), and a NaN heap output."""
+    x = torch.randn(M, N)
+    want = x.clone()
+    dist.all_reduce(want)
+    inp = shmem.zeros((M, N))
+    inp.copy_(x)
+    out = shmem.full((M, N), float("nan"))
+    shmem.barrier()
+    return inp, want, out
+
+
 def test_reduce_root(shmem, variant, root, dtype, M, N):
     rank = shmem.get_rank()
     pytorch_input_tensor = torch.randn(M, N, dtype=dtype)
@@ -50,13 +62,7 @@ def test_reduce_root(shmem, variant, root, dtype, M, N):
 def test_reduce_scatter_module_path(shmem, M, N, bm, bn):
     from iris.ccl.reduce_scatter import reduce_scatter
     rank, world = shmem.get_rank(), shmem.get_num_ranks()
-    x = torch.randn(M, N)
-    want = x.clone()
-    dist.all_reduce(want)
-    inp = shmem.zeros((M, N))
-    inp.copy_(x)
-    out = shmem.full((M, N), float("nan"))
-    shmem.barrier()
+    inp, want, out = _summed(shmem, M, N)
     config = Config(block_size_m=bm, block_size_n=bn, swizzle_size=1, all_reduce_distribution=1)
     reduce_scatter(out, inp, shmem, config=config)
     shmem.barrier()
@@ -75,13 +81,7 @@ def test_workspace_too_small(shmem):
     """Iris's tests: a preamble's workspace for 32x32 tiles passed back with a 16x16 config raises on
     every rank before anything runs; passed with its own config it reduces correctly."""
     M = N = 64
-    x = torch.randn(M, N)
-    want = x.clone()
-    dist.all_reduce(want)
-    iris_input = shmem.zeros((M, N))
-    iris_input.copy_(x)
-    iris_output = shmem.full((M, N), float("nan"))
-    shmem.barrier()
+    iris_input, want, iris_output = _summed(shmem, M, N)
     for variant, words in (("spinlock", "Lock array too small: have 4 but need 16"),
                            ("ring", "Flags array too small: have 4 but need 16")):
         config_large = Config(all_reduce_variant=variant, block_size_m=32, block_size_n=32)
