@@ -174,9 +174,10 @@ class Iris:
 
     # -- host collectives --------------------------------------------------
     def broadcast(self, value, src: int = 0, *, source_rank: Optional[int] = None):
-        """src's value on every rank: a Python object, number, numpy array, or tensor (returned on
-        the heap's device). Collective: all ranks, same order; only src's value is read."""
-        return broadcast(self.group, value, src if source_rank is None else source_rank, self.device)
+        """src's value on every rank: a Python object, number or numpy array; a tensor comes back as a
+        numpy array, as Iris's does (torch.from_numpy(...).to(ctx.device) for a tensor). Collective:
+        all ranks, same order; only src's value is read."""
+        return broadcast(self.group, value, src if source_rank is None else source_rank)
 
     def barrier(self, stream=None, group=None) -> None:
         """Waits for this rank's device work (on `stream` only, if given), then for every rank.

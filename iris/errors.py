@@ -76,6 +76,12 @@ class SettingError(IrisError, ValueError):
     """An environment variable iris reads holds a value it cannot use; names the variable and its values."""
 
 
+class FactoryArgumentError(IrisError, ValueError, RuntimeError):
+    """A tensor factory was given an argument the heap cannot honour (a device that is not the heap's, an
+    out= of another size, dtype or not on the heap, an empty random range); nothing was allocated. A
+    ValueError as torch's argument errors are, and a RuntimeError as Iris's factories raise it."""
+
+
 class CollectiveError(IrisError, ValueError):
     """A collective was called with tensors it cannot take; nothing was allocated or launched."""
 
