@@ -8,8 +8,8 @@ defined.
 import os as _os
 from importlib import import_module as _import_module, util as _util
 
-from .errors import (BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory, IrisError,
-                     SymmetryError)
+from .errors import (DISTRIBUTION, BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory,
+                     IrisError, SymmetryError)
 from .platform import detect as _detect
 
 try:
@@ -28,9 +28,34 @@ _SOURCES = {"Iris": ".context", "iris": ".context", "DEBUG": ".logging", "ERROR"
             "TraceEvent": ".tracing", **{name: ".device" for name in _DEVICE}}
 
 
+def _version() -> str:
+    """This source's version: the installed distribution's where it is the one imported, else the
+    pyproject.toml beside the package with `+source` (a tree on PYTHONPATH, not installed)."""
+    from importlib import metadata
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    try:
+        dist = metadata.distribution(DISTRIBUTION)
+        url = dist.read_text("direct_url.json") or ""  # an editable install names its source tree
+        if (Path(str(dist.locate_file("iris/__init__.py"))).resolve().parent == here
+                or f'"file://{here.parent}"' in url):
+            return dist.version
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        text = (here.parent / "pyproject.toml").read_text()
+    except OSError:
+        return "unknown"
+    import re
+    found = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M)
+    return f"{found[1]}+source" if found and f'name = "{DISTRIBUTION}"' in text else "unknown"
+
+
 def __getattr__(name):
     """A public name from the module that defines it, or a subpackage (iris.ccl), on first use."""
-    if name in _SOURCES:
+    if name == "__version__":
+        value = _version()
+    elif name in _SOURCES:
         value = getattr(_import_module(_SOURCES[name], __name__), name)
     elif not name.startswith("_") and _util.find_spec(f"{__name__}.{name}") is not None:
         value = _import_module(f"{__name__}.{name}")
@@ -41,7 +66,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_SOURCES))
+    return sorted(set(globals()) | set(_SOURCES) | {"__version__"})
 
 
 __all__ = ["BootstrapError", "CaptureError", "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR",

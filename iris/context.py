@@ -14,7 +14,7 @@ from . import distributed
 from .allocators import ALIASES, ALLOCATORS
 from .device_name import DeviceName
 from .allocators.offsets import round_up
-from .errors import IrisError
+from .errors import IrisError, pip_install
 from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
@@ -108,7 +108,7 @@ class Iris:
         try:
             if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
                 self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
-                                            "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
+                                            f"hosts are reached through NVSHMEM ({pip_install('nvshmem')}).")
                 if reach.forced(self.world):
                     raise IrisError(f"IRIS_INDIRECT_PEERS={os.environ['IRIS_INDIRECT_PEERS']} asks for indirect peers, "
                                     f"which only allocator='nvshmem' reaches; allocator={name!r} maps every peer")

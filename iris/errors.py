@@ -1,5 +1,12 @@
 """One small tree of errors: everything iris raises on purpose is an IrisError."""
 
+DISTRIBUTION = "iris-shmem"  # the name on the package index; `iris` there is another project
+
+
+def pip_install(extra: str = "") -> str:
+    """The command that installs iris with an extra, as error messages and docs spell it."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'" if extra else f"pip install {DISTRIBUTION}"
+
 
 class IrisError(Exception):
     """Base of every error iris raises on purpose."""

@@ -77,7 +77,7 @@ def test_info_cuda_without_bindings_says_what_to_install():
                        text=True, timeout=120)
     assert p.returncode == 1
     assert "iris CANNOT run here" in p.stdout
-    assert "cuda-bindings" in p.stdout and "pip install 'iris[cuda]'" in p.stdout
+    assert "cuda-bindings" in p.stdout and "pip install 'iris-shmem[cuda]'" in p.stdout
 
 
 @pytest.mark.skipif(shutil.which("iris") is None, reason="the console script is not installed")
@@ -131,7 +131,7 @@ def test_bench_quick_on_host(tmp_path):
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
-        assert "pip install matplotlib" in p.stdout
+        assert "pip install 'iris-shmem[trace]'" in p.stdout
 
 
 FAKE = """import argparse, json, sys

@@ -441,7 +441,7 @@ def test_cuda_platform_without_bindings_says_what_to_install(monkeypatch):
     for name in ("cuda", "cuda.bindings", "cuda.bindings.driver"):  # as if cuda-bindings were not installed
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, "iris.platform.cuda", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'iris\[cuda\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'iris-shmem\[cuda\]'"):
         iris.iris(heap_size=1 << 22, platform="cuda")
 
 

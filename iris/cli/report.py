@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from ..errors import pip_install
+
 
 def _size(n) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -162,7 +164,7 @@ def report(records: List[dict], out: Path, run: dict) -> dict:
         if rec["name"] == "rma_bandwidth":
             plot = plot_bandwidth(data, out / "bandwidth.png")
             if plot is None:
-                notes.append("no bandwidth plot: matplotlib is not installed (pip install matplotlib)")
+                notes.append(f"no bandwidth plot: matplotlib is not installed ({pip_install('trace')})")
         for key in ("checked", "put_checked", "get_checked", "iris_checked"):
             wrong = [r for r in _all_rows(data) if r.get(key) is False]
             if wrong:

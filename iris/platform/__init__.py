@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import pip_install
 from .driver import Driver, IpcHandle
 
 PLATFORMS = ("cuda", "hip", "host")
@@ -65,7 +66,7 @@ def get_driver(name: str | None = None) -> Driver:
     except ImportError as e:
         extra, package = {"cuda": ("cuda", "cuda-bindings"), "hip": ("rocm", "hip-python")}[name]
         raise ImportError(f"the {name} platform needs {package}, which cannot be imported ({e}): "
-                          f"pip install 'iris[{extra}]' (or unset IRIS_PLATFORM)") from e
+                          f"{pip_install(extra)} (or unset IRIS_PLATFORM)") from e
     from .host import HostDriver
     return HostDriver()
 
