@@ -38,6 +38,10 @@ class BootstrapError(IrisError, RuntimeError):
         super().__init__(message)
 
 
+class DeviceCheckError(IrisError, RuntimeError):
+    """IRIS_DEBUG=1: a device function got a rank outside [0, world) or a pointer outside the heap."""
+
+
 class SymmetryError(IrisError, RuntimeError):
     """Ranks made different collective allocations; the heap refused to diverge."""
 

@@ -507,17 +507,15 @@ def debug_runs(ctx):
     return {"1": _split(proc.stdout), "0": _split(buf.getvalue())}
 
 
-@pytest.mark.parametrize("case,printed,raised", [
-    ("valid", None, None),
-    ("rank 5 of 1", "iris debug: a rank outside [0, world): world, from_rank, to_rank =:  [1]", "a rank outside [0, world)"),
-    ("past the heap", "iris debug: a pointer outside the heap: rank, byte offset, heap size =:  [0]",
-     "a pointer outside the caller"),
-    ("copied heap_bases", None, "heap_bases is not ctx.get_heap_bases()"),
-    ("device context", None, None),  # its heap_bases has the hidden entries before it too
-    ("device context, rank 5 of 1", "iris debug: a rank outside [0, world): world, from_rank, to_rank =:  [1]",
-     "a rank outside [0, world)"),
+@pytest.mark.parametrize("case,raised", [
+    ("valid", None),
+    ("rank 5 of 1", "DeviceCheckError: iris debug: a rank outside [0, world): from_rank 0, to_rank 5, world 1"),
+    ("past the heap", "is outside rank 0's heap"),
+    ("copied heap_bases", "heap_bases is not ctx.get_heap_bases()"),
+    ("device context", None),  # its heap_bases has the hidden entries before it too
+    ("device context, rank 5 of 1", "iris debug: a rank outside [0, world): from_rank 0, to_rank 5, world 1"),
 ])
-def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, printed, raised):
+def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, raised):
     out = debug_runs["1"][case]
     if raised is None:
         assert "RAISED" not in out and "WRITTEN True" in out, out
@@ -525,13 +523,9 @@ def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, printed, ra
     assert "RAISED" in out and raised in out and "WRITTEN False" in out, out  # nothing was written
     kernel = "poke_context" if case.startswith("device context") else "poke"
     assert f", in {kernel}\n" in out, out  # the traceback names the kernel
-    if printed:
-        assert printed in out, out
-    if case.endswith("rank 5 of 1"):
-        assert "[5]" in out, out  # the bad rank itself
     if case == "past the heap":
         reserve = iris.context._internal_bytes(1)  # iris's own block comes first, beyond heap_size
-        assert f"[{(1 << 20) * 4 + reserve}]" in out and f"[{(1 << 20) + reserve}]" in out, out  # offset, heap size
+        assert f"byte offset {(1 << 20) * 4 + reserve}, heap size {(1 << 20) + reserve}" in out, out
 
 
 @pytest.mark.parametrize("case", ["valid", "copied heap_bases", "device context"])

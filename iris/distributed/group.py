@@ -370,9 +370,10 @@ class Group:
             raise BootstrapError(f"rank {self.rank}: cannot {what}: this rank's group is closed", [])
 
     def _raise(self, message: str, missing, kind) -> None:
+        # from None: the socket error that revealed a departure is named in message; its chain is noise
         if kind is SymmetryError:
-            raise SymmetryError(f"rank {self.rank}: {message}")
-        raise BootstrapError(f"rank {self.rank}: {message}", missing)
+            raise SymmetryError(f"rank {self.rank}: {message}") from None
+        raise BootstrapError(f"rank {self.rank}: {message}", missing) from None
 
     def _split(self, objs, counts, own):
         received, at, out = self._received, 0, []
