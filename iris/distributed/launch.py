@@ -143,7 +143,8 @@ def _crash_stack(path: str) -> str:
     return " <- ".join(frames)
 
 
-def failure_report(first: int, codes: list, records: dict, tails: list, stopped: set, crashes: dict = None) -> List[str]:
+def failure_report(first: int, codes: list, records: dict, tails: list, stopped: set, crashes: dict = None,
+                   pids: list = None) -> List[str]:
     """What the launcher says about a failed job: each distinct error once with the ranks it
     happened on and one traceback, ranks killed by one signal in one line (with what usually causes
     a memory signal in iris), and the ranks it stopped. first: the rank that failed first; codes:
@@ -168,7 +169,8 @@ def failure_report(first: int, codes: list, records: dict, tails: list, stopped:
                     f"\n{_indent(rec['traceback'])}"
         else:
             how = how_it_ended(key)
-            line = f"iris.run: {then}{_ranks_text(sorted(ranks))} {how if len(ranks) == 1 else how.replace('was ', 'were ')}"
+            who = _ranks_text(sorted(ranks)) + (f" (pid {pids[ranks[0]]})" if pids and len(ranks) == 1 else "")
+            line = f"iris.run: {then}{who} {how if len(ranks) == 1 else how.replace('was ', 'were ')}"
             if key < 0 and -key in _MEMORY_SIGNALS:
                 stack = crashes.get(ranks[0])
                 line += f" (rank {ranks[0]} in {stack})" if stack else ""
@@ -183,10 +185,12 @@ def failure_report(first: int, codes: list, records: dict, tails: list, stopped:
     return lines
 
 
-def _first_failure(seen: int, codes: list, records: dict) -> int:
+def _first_failure(seen: int, codes: list, records: dict, stopped: set) -> int:
     """The rank whose failure started it: a rank that raised something other than BootstrapError
-    (which says that another rank left), earliest first; else the first rank seen to fail."""
-    causes = [r for r, c in enumerate(codes) if c and not (r in records and records[r]["type"] == "BootstrapError")]
+    (which says that another rank left), earliest first; else the first rank seen to fail. A rank
+    the launcher stopped is none of them."""
+    causes = [r for r, c in enumerate(codes) if c and r not in stopped
+              and not (r in records and records[r]["type"] == "BootstrapError")]
     timed = [r for r in causes if r in records]
     if seen in causes or not causes:
         return seen
@@ -258,12 +262,12 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int
         if failed is None:
             return 0
         records = _records(socket_dir, nprocs)
-        failed = _first_failure(failed, [p.returncode for p in procs], records)
-        code = procs[failed].returncode
         stopped = {r for r in stopped if procs[r].returncode == -signal.SIGTERM}
+        failed = _first_failure(failed, [p.returncode for p in procs], records, stopped)
+        code = procs[failed].returncode
         crashes = {r: _crash_stack(os.path.join(socket_dir, f"rank{r}.crash")) for r in range(nprocs)}
         for line in failure_report(failed, [p.returncode for p in procs], records,
-                                   [list(t) for t in tails], stopped, crashes):
+                                   [list(t) for t in tails], stopped, crashes, [p.pid for p in procs]):
             relay.say(line)
         return 128 - code if code < 0 else code
     finally:
