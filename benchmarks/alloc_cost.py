@@ -1,7 +1,7 @@
 """Cost of one collective allocation: iris's torch and vmem heaps against torch symmetric memory,
 and (--sweep) how ctx.empty + ctx.free grows with the heap's state, against torch.empty + del.
 
-    python -m iris.run -n 2 benchmarks/alloc_cost.py [--sizes-mib 1] [--counts 1 10 100 1000]
+    python -m iris.run -n 2 benchmarks/alloc_cost.py [--size-mib 1] [--counts 1 10 100 1000]
     python -m iris.run -n 2 benchmarks/alloc_cost.py --sweep
 
 Default: for each count N of 1 MiB allocations, the time per allocation inside already-mapped

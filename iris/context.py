@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from contextlib import contextmanager
 from functools import cached_property
@@ -82,6 +83,14 @@ def _check_heap_size(heap_size) -> int:
     return heap_size
 
 
+
+def _user_level() -> int:
+    """warnings.warn's stacklevel for the first caller outside iris (iris.iris() or Iris() alike)."""
+    package, frame, level = os.path.dirname(os.path.abspath(__file__)) + os.sep, sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
 class Iris:
     """A symmetric heap shared by every rank of the job. Creating one is collective: all ranks.
 
@@ -126,7 +135,7 @@ class Iris:
             alloc.reserved = reserve
             if heap_size % alloc.granularity:
                 warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.granularity}-byte chunk of the "
-                              f"{name} allocator: rounded up; the heap holds {alloc.size - reserve} bytes", stacklevel=2)
+                              f"{name} allocator: rounded up; the heap holds {alloc.size - reserve} bytes", stacklevel=_user_level())
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
             if 0 in self.heap.bases or _indirect.INDIRECT_PEERS:  # kernels compiled from now on carry NVSHMEM calls
                 _use_nvshmem_device_api(self.device)
@@ -138,7 +147,7 @@ class Iris:
                 reserve = _internal_bytes(self.world, True)
                 warnings.warn(f"this job's ranks reach some peers only through NVSHMEM although it runs on one host: "
                               f"ctx.ccl's receive area ({reserve - self._reserve} bytes) comes out of heap_size; "
-                              "set IRIS_CCL_PUTS=1 to add it beyond heap_size instead", stacklevel=2)
+                              "set IRIS_CCL_PUTS=1 to add it beyond heap_size instead", stacklevel=_user_level())
                 alloc.reserved = self._reserve = reserve
             # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
             self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)

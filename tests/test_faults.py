@@ -404,8 +404,9 @@ def test_close_twice_is_fine_and_nothing_is_left(closed):
 
 
 def test_vmem_heap_size_is_rounded_with_a_warning():
-    with pytest.warns(UserWarning, match=r"heap_size=2097153 is not a multiple .* rounded up; the heap holds (\d+)"):
+    with pytest.warns(UserWarning, match=r"heap_size=2097153 is not a multiple .* rounded up; the heap holds (\d+)") as w:
         c = iris.iris(heap_size=(1 << 21) + 1, allocator="vmem")
+    assert [x.filename for x in w] == [__file__], [(x.filename, x.lineno) for x in w]  # the caller's line
     assert c.heap_size == (4 << 20) - c._reserve
     c.close()
 
