@@ -8,8 +8,12 @@ defined.
 import os as _os
 from importlib import import_module as _import_module, util as _util
 
-from .errors import (DISTRIBUTION, BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory,
-                     IrisError, SymmetryError)
+from . import settings as _settings
+from .errors import DISTRIBUTION
+from .errors import (AddressMapError, BootstrapError, CaptureError, CheckpointError, CollectiveError, ConfigError,
+                     ContextClosed, DriverError, GluonUnavailable, HeapOutOfMemory, IndirectPeerError, IrisError,
+                     NvshmemUnavailable, ProviderUnavailable, ReadError, SettingError, SpansHostsError,
+                     SymmetryError)
 from .platform import detect as _detect
 
 try:
@@ -17,7 +21,7 @@ try:
 except ValueError:  # a bad IRIS_PLATFORM: iris.iris() and `iris info` report it
     _host = False
 if _host:  # kernels over host memory run in Triton's interpreter
-    _os.environ.setdefault("TRITON_INTERPRET", "1")
+    _os.environ.setdefault(_settings.INTERPRET.name, "1")
 
 _DEVICE = ["atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",
            "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "get", "load", "put", "signal", "store",
@@ -25,7 +29,9 @@ _DEVICE = ["atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min",
 _SOURCES = {"Iris": ".context", "iris": ".context", "DEBUG": ".logging", "ERROR": ".logging", "INFO": ".logging",
             "WARNING": ".logging", "logger": ".logging", "set_logger_level": ".logging", "do_bench": ".timing",
             "launch": ".distributed", "spawn": ".distributed", "DeviceContext": ".device.context",
-            "TraceEvent": ".tracing", **{name: ".device" for name in _DEVICE}}
+            "TraceEvent": ".tracing", "Tile": ".device.tiles", "TileView": ".device.tiles",
+            "TensorView": ".device.tiles", "make_tensor_view": ".device.tiles",
+            **{name: ".device" for name in _DEVICE}}
 
 
 def _version() -> str:
@@ -69,8 +75,10 @@ def __dir__():
     return sorted(set(globals()) | set(_SOURCES) | {"__version__"})
 
 
-__all__ = ["BootstrapError", "CaptureError", "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR",
-           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",
-           "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub", "atomic_xchg",
-           "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger", "put",
-           "set_logger_level", "signal", "spawn", "store", "translate", "wait"]
+__all__ = ["AddressMapError", "BootstrapError", "CaptureError", "CheckpointError", "CollectiveError", "ConfigError",
+           "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR", "GluonUnavailable", "HeapOutOfMemory",
+           "INFO", "IndirectPeerError", "Iris", "IrisError", "NvshmemUnavailable", "ProviderUnavailable", "ReadError",
+           "SettingError", "SpansHostsError", "SymmetryError", "TensorView", "Tile", "TileView", "TraceEvent",
+           "WARNING", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",
+           "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger",
+           "make_tensor_view", "put", "set_logger_level", "signal", "spawn", "store", "translate", "wait"]

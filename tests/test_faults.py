@@ -407,7 +407,7 @@ def test_vmem_heap_size_is_rounded_with_a_warning():
     with pytest.warns(UserWarning, match=r"heap_size=2097153 is not a multiple .* rounded up; the heap holds (\d+)") as w:
         c = iris.iris(heap_size=(1 << 21) + 1, allocator="vmem")
     assert [x.filename for x in w] == [__file__], [(x.filename, x.lineno) for x in w]  # the caller's line
-    assert c.heap_size == (4 << 20) - c._reserve
+    assert c.heap_size == (4 << 20) - c.reserve.nbytes
     c.close()
 
 
@@ -525,7 +525,7 @@ def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, raised):
     kernel = "poke_context" if case.startswith("device context") else "poke"
     assert f", in {kernel}\n" in out, out  # the traceback names the kernel
     if case == "past the heap":
-        reserve = iris.context._internal_bytes(1)  # iris's own block comes first, beyond heap_size
+        reserve = iris.heap.reserve.size(1)  # iris's own block comes first, beyond heap_size
         assert f"byte offset {(1 << 20) * 4 + reserve}, heap size {(1 << 20) + reserve}" in out, out
 
 

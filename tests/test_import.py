@@ -282,7 +282,7 @@ def rank_streamed(out_dir):
     _zero_copy_env()
     ctx = iris.iris(heap_size=1 << 28, allocator="vmem", timeout=30)
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
-    ctx.heap.IMPORT_STEP = 2
+    ctx.heap.imports.IMPORT_STEP = 2
     q, res = (r + 1) % w, {}
     sizes = [1000 + 517 * i for i in range(9)]
     xs = [_vmm_backed((_pattern(n, r) + i).to(dev)) for i, n in enumerate(sizes)]

@@ -12,19 +12,21 @@ class TorchAllocator:
 
     vmm = False
     one_host = True  # peers open the block through IPC: the context refuses a job spanning hosts
-    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    name = "torch"  # its key in ALLOCATORS
+    reserved = 0  # bytes of size that iris keeps for itself, beyond the user's heap_size
     granularity = 1  # heap sizes are taken as asked
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, device: torch.device, group=None):
+    def __init__(self, driver, heap_size: int, device: torch.device, group=None, reserved: int = 0):
+        self.reserved = reserved
         if torch.device(device).type == "cpu":  # the host driver shares it by fd: made shared, not copied there
             block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(heap_size))
         else:
             block = torch.empty(heap_size, dtype=torch.uint8, device=device)
         self.block, self.base, self.size = block, block.data_ptr(), heap_size
         self.offsets = CachingOffsets(heap_size)
-        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
-        self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self._policy = self.offsets.allocate
+        self.free = self.offsets.free  # free(offset) -> size
         self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed, backed block of that size, or None
 
     committed = property(lambda self: self.size)

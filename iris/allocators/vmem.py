@@ -1,11 +1,12 @@
 """VMemAllocator: one large virtual reservation, physical segments created only when allocations need them."""
 from __future__ import annotations
 
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import DriverError, HeapOutOfMemory
+from ..errors import DriverError, HeapOutOfMemory, user_stacklevel
 from .offsets import CachingOffsets, round_up
 from .sorted_ints import SortedInts
 
@@ -36,18 +37,24 @@ class VMemAllocator:
 
     vmm = True
     one_host = True  # peers import chunks by fd: the context refuses a job spanning hosts
-    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    name = "vmem"  # its key in ALLOCATORS
+    reserved = 0  # bytes of size that iris keeps for itself, beyond the user's heap_size
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, device=None, group=None, chunk_size: int = DEFAULT_CHUNK):
-        self.driver = driver
+    def __init__(self, driver, heap_size: int, device=None, group=None, reserved: int = 0,
+                 chunk_size: int = DEFAULT_CHUNK):
+        self.driver, self.reserved = driver, reserved
         g = driver.granularity()
         self.chunk = self.granularity = round_up(max(chunk_size, g), g)  # sizes round up to it
         self.size = round_up(heap_size, self.chunk)
+        if (heap_size - reserved) % self.chunk:  # the user's part
+            warnings.warn(f"heap_size={heap_size - reserved} is not a multiple of the {self.chunk}-byte chunk of the "
+                          f"{self.name} allocator: rounded up; the heap holds {self.size - reserved} bytes",
+                          stacklevel=user_stacklevel())
         self.base = driver.reserve(self.size)
         self.offsets = CachingOffsets(self.size)
-        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
-        self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self._policy = self.offsets.allocate
+        self.free = self.offsets.free  # free(offset) -> size
         self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed, backed block of that size, or None
         self._segs: Dict[int, Segment] = {}   # offset -> segment
         self._seg_starts = SortedInts()       # their offsets, for lookups by bisection

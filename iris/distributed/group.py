@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, List, Sequence, Tuple
 
+from .. import settings
 from ..errors import BootstrapError, SpansHostsError, SymmetryError
 
 _HEADER = struct.Struct("!QI")
@@ -43,7 +44,7 @@ def say(text: str) -> None:
 def hostname() -> str:
     """This rank's host as peers compare it; IRIS_HOSTNAME stands in for it (tests give the ranks of
     one machine different hosts)."""
-    return os.environ.get("IRIS_HOSTNAME") or socket.gethostname()
+    return settings.HOSTNAME.get() or socket.gethostname()
 
 
 def _mac(secret: str, *parts: bytes) -> bytes:

@@ -19,16 +19,17 @@ import time
 import traceback
 from typing import Callable, List, Sequence
 
+from .. import settings
 from ..errors import BootstrapError
 from .bootstrap import job_secret
 
 
 def job_env(rank: int, world: int, socket_dir: str, secret: str) -> dict:
-    env = {"IRIS_RANK": str(rank), "IRIS_WORLD_SIZE": str(world), "IRIS_LOCAL_RANK": str(rank),
-           "IRIS_SOCKET_DIR": socket_dir, "IRIS_JOB_SECRET": secret}
+    env = {settings.RANK.name: str(rank), settings.WORLD_SIZE.name: str(world), settings.LOCAL_RANK.name: str(rank),
+           settings.SOCKET_DIR.name: socket_dir, settings.JOB_SECRET.name: secret}
     from ..platform import detect
-    if detect() == "host":
-        env.setdefault("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+    if detect() == "host" and not settings.INTERPRET.is_set():  # the interpreter, unless the caller says otherwise
+        env[settings.INTERPRET.name] = "1"
     return env
 
 

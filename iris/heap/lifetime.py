@@ -50,26 +50,11 @@ class Owner:
 
     def __init__(self, heap, block: Block):
         self.heap, self.block = heap, block
-        block.tensors += 1
-        heap._alive += 1
+        heap.owner_added(block)
 
     def __del__(self):
-        """Only bookkeeping (no driver call, no collective), as it may run anywhere Python drops a
-        tensor; written out here rather than in a heap method, a call less per tensor."""
         try:
-            block, heap = self.block, self.heap
-            block.tensors -= 1
-            heap._alive -= 1
-            if not block.tensors:
-                if block.freed:
-                    heap._pinned.pop(block.serial, None)
-                    if block.region is not None:
-                        heap._region_unused(block.region)
-                elif block.gc and not heap.closed:
-                    heap._queued[block.serial] = block
-            if heap._teardown_pending and not heap._alive:
-                heap._teardown_pending = False
-                heap._teardown()
+            self.heap.owner_gone(self.block)
         except Exception:  # interpreter shutdown: nothing left to tell
             pass
 
@@ -84,12 +69,32 @@ class Lifetimes:
         self._queued: Dict[int, Block] = {}   # serial -> block whose last tensor died here
         self._pinned: Dict[int, Block] = {}   # serial -> freed block that tensors still cover
         self._alive = 0                       # owners alive, over every block (and peer views)
-        self._regions_freed = 0               # import regions whose imports were all freed: -1, -2, ...
         self._teardown_pending = False
         self._freed: list = []                # blocks freed since the last collective point, in free order
         self._waiting: Dict[int, list] = {}   # point -> blocks and regions freed before it or agreed there
         self._points = 0                      # collective points passed: the same count on every rank
         self._events: list = []               # (point, event recorded there on the current stream), oldest first
+
+    def owner_added(self, block: Block) -> None:
+        """A tensor storage over block was made (Owner)."""
+        block.tensors += 1
+        self._alive += 1
+
+    def owner_gone(self, block: Block) -> None:
+        """A tensor storage over block went: queue the block as garbage once none is left. Only
+        bookkeeping (no driver call, no collective), as it may run anywhere Python drops a tensor."""
+        block.tensors -= 1
+        self._alive -= 1
+        if not block.tensors:
+            if block.freed:
+                self._pinned.pop(block.serial, None)
+                if block.region is not None:
+                    self.imports.region_unused(block.region)
+            elif block.gc and not self.closed:
+                self._queued[block.serial] = block
+        if self._teardown_pending and not self._alive:
+            self._teardown_pending = False
+            self._teardown()
 
     def _point(self, sync=None):
         """This rank's part of a collective point: (its garbage queue, the last point whose work has
@@ -135,7 +140,7 @@ class Lifetimes:
             for block in self._waiting.pop(point):
                 released += block.nbytes
                 if block.serial < 0:
-                    self._release_region(block)
+                    self.imports.release_region(block)
                 else:
                     self._release(block.offset)
         return released
@@ -160,6 +165,10 @@ class Lifetimes:
         """Wait for this rank's device work, then free blocks whose last tensor died on every rank and
         give back to the pool every block freed before; returns bytes given back. Collective: all ranks."""
         return self._release_agreed(self.group.allgather(self._point(True), what))
+
+    def next_serial(self) -> int:
+        """The serial the next allocation gets: a mark for offsets_since."""
+        return self._serial + 1
 
     def offsets_since(self, mark: int) -> List[int]:
         """Offsets of live blocks allocated at or after serial mark, in allocation order."""
