@@ -213,3 +213,13 @@ def test_a_script_without_a_launcher_says_it_is_one_rank(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0 and proc.stdout == "1\n", proc.stderr
     assert proc.stderr.count("this process runs as a single rank") == 1, proc.stderr
+
+
+def test_a_rank_waiting_for_a_silent_rank_0_says_so_and_keeps_the_timeout(tmp_path):
+    """IRIS_TIMEOUT=8 and rank 0 stuck before the barrier: rank 1 says after about 6 s that rank 0 has
+    not answered, and gives up within a second of the timeout."""
+    proc = _job(tmp_path, STUCK.replace("get_rank() == 1", "get_rank() == 0"), env={"IRIS_TIMEOUT": "8"})
+    assert "iris: rank 1 has waited 6 s at barrier for rank 0, which has not answered; it gives up after 8 s " \
+           "(IRIS_TIMEOUT)" in proc.stderr, proc.stderr
+    took = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gave up")]
+    assert len(took) == 1 and 8.0 <= took[0] < 9.0, proc.stdout

@@ -438,16 +438,30 @@ class Group:
     def _answer(self, what: str, wait: float | None = None):
         # Rank 0 gives up on missing ranks after the timeout and says which they were; while it waits
         # it says so every REPORT_S, and this rank waits on for its verdict. A rank 0 that is silent
-        # for longer (it has not arrived, or hangs) is given up on after this rank's own timeout.
+        # (it has not arrived, or hangs) is named every REPORT_S and given up on after this rank's own
+        # timeout. A message is read only once it has begun to arrive, so no wait cuts one in half.
         wait = self.timeout + 0.5 if wait is None else wait
-        deadline = time.monotonic() + wait
+        start = time.monotonic()
+        deadline, report = start + wait, start + REPORT_S + 1.0  # after rank 0's own first report
         try:
             while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise socket.timeout
+                if not select.select([self._root], [], [], min(deadline, report) - now)[0]:
+                    now = time.monotonic()
+                    if now >= report:
+                        report += REPORT_S
+                        if now + 0.5 < deadline:
+                            say(f"rank {self.rank} has waited {now - start:.0f} s at {what} for rank 0, which has "
+                                f"not answered; it gives up after {self.timeout:.0f} s (IRIS_TIMEOUT)")
+                    continue
                 self._root.settimeout(max(0.01, deadline - time.monotonic()))
                 (tag, payload), self._received = recv_msg(self._root)
                 if tag != "waiting":
                     break
-                deadline = max(deadline, time.monotonic() + REPORT_S + 1.0)
+                now = time.monotonic()  # rank 0 is alive and speaks for the job
+                deadline, report = max(deadline, now + REPORT_S + 1.0), now + REPORT_S + 1.0
         except socket.timeout:
             self._lost(f"no answer from rank 0 at {what} within {wait:.1f} s; rank 0 or a rank it waits for "
                        "did not arrive", [0])
