@@ -11,7 +11,7 @@ from importlib import import_module as _import_module, util as _util
 from . import settings as _settings
 from .errors import DISTRIBUTION
 from .errors import (AddressMapError, BootstrapError, CaptureError, CheckpointError, CollectiveError, ConfigError,
-                     ContextClosed, DriverError, GluonUnavailable, HeapOutOfMemory, IndirectPeerError, IrisError,
+                     ContextClosed, DeviceCheckError, DriverError, GluonUnavailable, HeapOutOfMemory, IndirectPeerError, IrisError,
                      NvshmemUnavailable, ProviderUnavailable, ReadError, SettingError, SpansHostsError,
                      SymmetryError)
 from .platform import detect as _detect
@@ -76,7 +76,7 @@ def __dir__():
 
 
 __all__ = ["AddressMapError", "BootstrapError", "CaptureError", "CheckpointError", "CollectiveError", "ConfigError",
-           "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR", "GluonUnavailable", "HeapOutOfMemory",
+           "ContextClosed", "DEBUG", "DeviceCheckError", "DeviceContext", "DriverError", "ERROR", "GluonUnavailable", "HeapOutOfMemory",
            "INFO", "IndirectPeerError", "Iris", "IrisError", "NvshmemUnavailable", "ProviderUnavailable", "ReadError",
            "SettingError", "SpansHostsError", "SymmetryError", "TensorView", "Tile", "TileView", "TraceEvent",
            "WARNING", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",

@@ -216,13 +216,14 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int
     socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
     procs, tails, pumps = [], [collections.deque(maxlen=tail_lines) for _ in range(nprocs)], []
     relay = Relay(prefix)
-    wrapped = [RANK_SCRIPT] if argv and not str(argv[0]).startswith("-") else []  # a script, not -m/-c
+    wrapped = argv and not str(argv[0]).startswith("-")  # a script, not -m/-c
     try:
         try:
             for r in range(nprocs):
                 env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret))
                 env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the relay as they are printed
-                procs.append(subprocess.Popen([sys.executable, *wrapped, *argv], env=env, stdout=subprocess.PIPE,
+                wrapper = [RANK_SCRIPT, os.path.join(socket_dir, f"rank{r}")] if wrapped else []
+                procs.append(subprocess.Popen([sys.executable, *wrapper, *argv], env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE))
                 for pipe, name, tail in ((procs[-1].stdout, "stdout", None),
                                          (procs[-1].stderr, "stderr", tails[r])):

@@ -1,6 +1,8 @@
 """One rank of `python -m iris.run`: runs the script as `python script.py args...` would, but an
-uncaught exception goes to a file in the job's directory (IRIS_SOCKET_DIR) instead of stderr, so
-the launcher can show each distinct error once, naming the ranks it happened on.
+uncaught exception goes to a file in the job's directory instead of stderr, so the launcher can
+show each distinct error once, naming the ranks it happened on.
+
+    python rank_script.py JOB_DIR/rankN script.py args...
 
 Run as a file, not imported: it uses only the standard library, so a rank needs nothing of iris
 that the script itself does not import. A chain of Triton interpreter errors (one per device
@@ -80,12 +82,11 @@ def report(e: BaseException, path: str) -> None:
 
 
 def main() -> int:
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
+    where, script = sys.argv[1], sys.argv[2]  # where: the launcher's path prefix for this rank's reports
+    sys.argv = sys.argv[2:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` sets it
-    job = os.environ["IRIS_SOCKET_DIR"]
     # a rank killed by a signal leaves its Python stack where the launcher reads it
-    crash = open(os.path.join(job, f"rank{os.environ['IRIS_RANK']}.crash"), "w")
+    crash = open(where + ".crash", "w")
     faulthandler.enable(file=crash)
     try:
         runpy.run_path(script, run_name="__main__")
@@ -94,9 +95,8 @@ def main() -> int:
     except SystemExit:
         raise
     except BaseException as e:  # every error the script did not handle, reported once by the launcher
-        path = os.path.join(job, f"rank{os.environ['IRIS_RANK']}.error.json")
         try:
-            report(e, path)
+            report(e, where + ".error.json")
         except Exception:  # the report itself failed: the plain traceback, as Python would print it
             traceback.print_exc()
         return 1
