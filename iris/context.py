@@ -20,10 +20,29 @@ from .device.translate import HIDDEN, bases_table
 from .heap import SymmetricHeap, reach
 from .heap import reserve as _reserve
 from .heap.reserve import Reserve
+from .heap.lifetime import FreedTensor, detach
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor
 
 _STRIDED, _CONTIGUOUS, _PRESERVE = torch.strided, torch.contiguous_format, torch.preserve_format  # torch's defaults
+
+
+def _check_no_other_views(t: torch.Tensor, block, base: int, rank: int) -> None:
+    """IRIS_DEBUG=1: raise naming the other tensors over the block that t's free would give back
+    (base: where this rank's heap starts)."""
+    import gc
+    lo, hi = block.offset, block.offset + max(block.nbytes, 1)
+    others = []
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor and o is not t and o.device == t.device:
+            start = o.untyped_storage().data_ptr() - base + o.storage_offset() * o.element_size()
+            if lo <= start < hi:
+                others.append(f"{tuple(o.shape)} {o.dtype} at byte {start - lo}")
+    if others or block.tensors > 1:
+        named = "; ".join(others) if others else f"{block.tensors - 1} peer view(s) or storage handle(s)"
+        raise IrisError(f"rank {rank}: ctx.free of the block at heap offset {block.offset} ({block.nbytes} bytes) "
+                        f"while other tensors still view it: {named}. They would reach memory that a later "
+                        "allocation takes; drop them (del) before the free")
 
 
 class Iris:
@@ -40,6 +59,7 @@ class Iris:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
         name = settings.ALLOCATOR.get() or allocator or allocator_type or "torch"
         self.allocator_name = name = allocator_named(name)
+        self._debug = settings.DEBUG.get()  # ctx.free's check of other views
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout)
         self.rank, self.world = self.group.rank, self.group.world
@@ -77,6 +97,7 @@ class Iris:
             # allocated first, so no scope() or free can take it
             self.reserve = Reserve(self.heap.new_tensor(torch.Size((reserve,)), torch.uint8), self.world, ccl_puts,
                                    indirect)
+            self.heap.use_counters(self.reserve.progress)  # reuse of freed blocks, in stream order
             self._device_context = None
             self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
@@ -153,9 +174,10 @@ class Iris:
 
     # -- host collectives --------------------------------------------------
     def broadcast(self, value, src: int = 0, *, source_rank: Optional[int] = None):
-        """src's value on every rank: a Python object, number, numpy array, or tensor (returned on
-        the heap's device). Collective: all ranks, same order; only src's value is read."""
-        return broadcast(self.group, value, src if source_rank is None else source_rank, self.device)
+        """src's value on every rank: a Python object, number or numpy array; a tensor comes back as a
+        numpy array, as Iris's does (torch.from_numpy(...).to(ctx.device) for a tensor). Collective:
+        all ranks, same order; only src's value is read."""
+        return broadcast(self.group, value, src if source_rank is None else source_rank)
 
     def barrier(self, stream=None, group=None) -> None:
         """Waits for this rank's device work (on `stream` only, if given), then for every rank.
@@ -179,29 +201,39 @@ class Iris:
         return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:
-        """Take t's block out of use now; it is reused once the work every rank queued before the free
-        has finished (known at a later collective point). Collective: all ranks free the same tensors in the same
-        order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
-        freeing a block twice raises. Tensors that are simply dropped are freed at the next
-        collective point instead (see collect)."""
+        """Give t's block back now: the next allocation of its size takes it, and waits in stream order
+        (no host collective) for the work every rank queued before its free. Collective: all ranks free
+        the same tensors in the same order. t must cover its whole block (the tensor a factory
+        returned, or a view of all of it); freeing a block twice raises. Afterwards t no longer
+        reaches the block: any use of it raises. Views of it made before still do: with IRIS_DEBUG=1
+        freeing a block that other tensors view raises naming them. Tensors that are simply dropped
+        are freed at the next collective point instead (see collect)."""
         heap = self.heap
-        if type(t) is torch.Tensor:  # the usual call: the factory's tensor itself, not a copied import
+        if type(t) is torch.Tensor and not self._debug:  # the usual call: the factory's tensor itself, not a copied import
             block = heap.block_at(t.data_ptr())  # addresses are unique in a process: no device check
             if block is not None and block.nbytes == t.nbytes != 0 and not heap.as_symmetric.imported_at(block.offset):
                 heap.free_block(block)
+                detach(t)
                 return
+        if isinstance(t, FreedTensor):
+            raise ValueError("free: this tensor was freed already (by ctx.free); it reaches no memory now")
         block, offset = heap.block_of(heap_tensor(t, "free"))
         nbytes = t.nbytes
         if offset != block.offset or nbytes != block.nbytes:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
                              f"[{offset - block.offset}, {offset - block.offset + nbytes}) of a {block.nbytes}-byte "
                              "block (a slice or part of it); free the tensor the factory returned")
+        if self._debug:
+            _check_no_other_views(t, block, heap._base, self.rank)
         self.heap.free(offset)
         heap.as_symmetric.forget(offset, t)  # if it was an import, importing its source again makes a new one
+        if type(t) is torch.Tensor:
+            detach(t)
 
     def collect(self) -> int:
-        """Wait for this rank's device work, then release the blocks whose tensors are gone on every rank
-        and the blocks freed before; returns the bytes released.
+        """Wait for this rank's device work, then free the blocks whose tensors are gone on every rank
+        (and unmap freed imports no tensor covers); returns those bytes. After it, blocks freed
+        before are reused with no wait on the peers.
 
         A heap tensor that is dropped (no view, slice or peer view of it left) is queued on its rank;
         queued blocks are released at collective points (heap growth, barrier, trim, close, and

@@ -104,3 +104,59 @@ def test_vmem_warns_of_its_own_rounding():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ALLOCATORS["vmem"](driver, chunk + reserved, reserved=reserved).close()  # the user's part is whole
+
+
+def test_factories_take_and_refuse_what_iris_does():
+    """Iris's tests/unittests: a device that is not the heap's, an out= of another size or dtype or off
+    the heap, and an empty randint range raise RuntimeError (iris's FactoryArgumentError is also a
+    ValueError), before anything is written; linspace takes steps in a tuple; randint takes (high,
+    size), (low, high, size) and nested sizes, and refuses other argument counts with ValueError."""
+    from iris.errors import FactoryArgumentError
+    with iris.iris(heap_size=1 << 22) as ctx:
+        for device in ("cpu:1", "cuda", "meta"):
+            with pytest.raises(RuntimeError, match="the heap lives on cpu"):
+                ctx.zeros(3, 3, device=device)
+        assert torch.equal(ctx.zeros(2, device="cpu:0"), torch.zeros(2))
+        out = ctx.full((4,), 7.0)
+        for call in (lambda: ctx.zeros(3, 3, out=out), lambda: ctx.rand(3, 3, out=out),
+                     lambda: ctx.linspace(0.0, 1.0, 5, out=out), lambda: ctx.randint(0, 10, (3, 3), out=out)):
+            with pytest.raises(FactoryArgumentError, match="out has 4 elements but size .* cannot be resized in place"):
+                call()
+        with pytest.raises(RuntimeError, match="dtype torch.int32"):
+            ctx.zeros(4, dtype=torch.int32, out=out)
+        with pytest.raises(RuntimeError, match="a non-heap tensor"):
+            ctx.zeros(4, out=torch.full((4,), 7.0))
+        assert torch.equal(out, torch.full((4,), 7.0)), "a refused out= was written"
+        for steps in (5, (5,), [5], ((5,),)):
+            got = ctx.linspace(-1.0, 3.0, steps)
+            assert ctx.is_symmetric(got) and torch.equal(got, torch.linspace(-1.0, 3.0, 5)), (steps, got)
+        gen = torch.Generator().manual_seed(3)
+        for args, shape, lo, hi in (((10, (2, 3)), (2, 3), 0, 10), ((-10, -5, (100,)), (100,), -10, -5),
+                                    ((0, 10, ((2, 3, 4),)), (2, 3, 4), 0, 10), ((4, 9, [2, 5]), (2, 5), 4, 9),
+                                    ((0, 10, ()), (), 0, 10)):
+            r = ctx.randint(*args, generator=gen)
+            assert r.shape == shape and r.dtype == torch.int64 and ctx.is_symmetric(r)
+            assert bool((r >= lo).all()) and bool((r < hi).all()), (args, r)
+        assert len(set(ctx.randint(3, 9, (500,), generator=gen).tolist())) == 6
+        f = ctx.randint(0, 10, (2, 2), dtype=torch.float32, requires_grad=True)
+        assert f.requires_grad and f.dtype == torch.float32 and bool((f == f.floor()).all())
+        for bad in ((10,), (0, 10, (2, 3), (4, 5))):
+            with pytest.raises(ValueError, match="randint takes \\(high, size\\) or \\(low, high, size\\)"):
+                ctx.randint(*bad)
+        with pytest.raises(RuntimeError, match="randint needs low < high, got low=10 high=5"):
+            ctx.randint(10, 5, (2, 3))
+
+
+def test_iris_host_logging_paths():
+    """Iris's module paths for the logger: iris.host.logging and iris.host.logging.logging."""
+    from iris.host.logging import DEBUG, logger, set_logger_level
+    from iris.host.logging import logging as host_logging
+    assert logger is iris.logger and host_logging.logger is iris.logger and DEBUG == iris.DEBUG
+    before = iris.logger.level
+    try:
+        set_logger_level(DEBUG)
+        assert iris.logger.level == DEBUG
+        host_logging.set_logger_level(iris.ERROR)
+        assert iris.logger.level == iris.ERROR
+    finally:
+        iris.logger.setLevel(before)

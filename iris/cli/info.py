@@ -23,7 +23,8 @@ from ..platform import PLATFORMS, detect, get_driver
 LIBRARIES = {
     DISTRIBUTION: "this package", "torch": "tensors, required", "triton": "kernels, required", "numpy": "required",
     "cuda-bindings": f"NVIDIA driver calls ({DISTRIBUTION}[cuda])",
-    "hip-python": f"AMD driver calls ({DISTRIBUTION}[rocm])", "mpi4py": f"launching under mpirun ({DISTRIBUTION}[mpi])", "nvidia-ml-py": "GPU link report (NVML)",
+    "hip-python": f"AMD driver calls ({DISTRIBUTION}[rocm])", "mpi4py": f"launching under mpirun ({DISTRIBUTION}[mpi])",
+    "nvidia-ml-py": "GPU link report (NVML)",
 }
 EXTRA = {"cuda": ("cuda-bindings", pip_install("cuda")), "hip": ("hip-python", pip_install("rocm"))}
 

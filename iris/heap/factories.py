@@ -3,7 +3,8 @@
 Each call is collective: all ranks, same order, same sizes (a new tensor is a new heap block).
 Signatures are torch's: layout (strided only), pin_memory (no effect: a warning), memory_format,
 device (the heap's), out (a heap tensor of as many elements; returned viewed with the size asked
-for). Every argument is checked before anything is allocated.
+for). Every argument is checked before anything is allocated; what the heap cannot honour raises
+FactoryArgumentError (a ValueError, and a RuntimeError as Iris's factories raise it).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import FactoryArgumentError
 from ..validate import plain_request, request
 
 _STRIDED, _CONTIGUOUS = torch.strided, torch.contiguous_format  # the factories' defaults, looked up once
@@ -43,13 +45,26 @@ def check_pin_memory(pin_memory) -> None:
 
 
 def out_as(out, shape: torch.Size):
-    """out viewed with shape where it holds as many elements (as Iris allows), else out unchanged so
-    the allocation's own check explains the mismatch."""
+    """out viewed with shape where it holds as many elements (as Iris allows). Another number of
+    elements raises, where torch would resize out: a heap tensor cannot grow in place (the next block
+    of every rank's heap sits right after it), and a new block in its place would be a collective
+    allocation that out's holders do not see."""
     if out is None or tuple(out.shape) == tuple(shape):
         return out
     if out.numel() != shape.numel():
-        raise ValueError(f"out has {out.numel()} elements but size {tuple(shape)} needs {shape.numel()}")
+        raise FactoryArgumentError(
+            f"out has {out.numel()} elements but size {tuple(shape)} needs {shape.numel()}: a heap tensor cannot "
+            f"be resized in place; pass an out of {shape.numel()} elements, or leave out= out for a new heap tensor")
     return out.view(shape)
+
+
+def steps_of(steps) -> int:
+    """linspace's steps: an int, or one wrapped in tuples or lists ((5,), [5], ((5,),)), as Iris takes it."""
+    while isinstance(steps, (tuple, list, torch.Size)) and len(steps) == 1:
+        steps = steps[0]
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"linspace: steps must be an int (or one in a 1-element tuple), got {steps!r}")
+    return steps
 
 
 def restride(t: torch.Tensor, memory_format=None, like: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,7 +94,7 @@ class Factories:
         if out is not None:
             on_heap = self.heap.contains(out)
             if not on_heap or out.shape != shape or out.dtype != dtype:
-                raise ValueError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
+                raise FactoryArgumentError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
                                  f"{'a heap' if on_heap else 'a non-heap'} tensor of shape "
                                  f"{tuple(out.shape)} and dtype {out.dtype}")
             t = out
@@ -91,8 +106,12 @@ class Factories:
         return t
 
     def check_device(self, device) -> None:
-        if device is not None and torch.device(device).type != self.device.type:
-            raise ValueError(f"the heap lives on {self.device}; got device={device!r} (leave it out)")
+        """device must name the heap's: its type, and its index where one is given (as Iris checks)."""
+        if device is None:
+            return
+        d = torch.device(device)
+        if d.type != self.device.type or (d.index is not None and d.index != (self.device.index or 0)):
+            raise FactoryArgumentError(f"the heap lives on {self.device}; got device={device!r} (leave it out)")
 
     def copied(self, ref: torch.Tensor, out=None, requires_grad=False) -> torch.Tensor:
         """A heap tensor (or out) holding ref's values."""
@@ -179,7 +198,7 @@ class Factories:
     def linspace(self, start, end, steps: int, *, out=None, dtype=None, layout=torch.strided, device=None,
                  requires_grad=False) -> torch.Tensor:
         self.check_device(device)
-        ref = torch.linspace(start, end, steps, dtype=dtype if dtype else (out.dtype if out is not None else None),
+        ref = torch.linspace(start, end, steps_of(steps), dtype=dtype if dtype else (out.dtype if out is not None else None),
                              device=self.device)
         return self._ranged(ref, out, layout, requires_grad)
 
@@ -202,15 +221,17 @@ class Factories:
 
     def randint(self, *args, size=None, generator=None, out=None, dtype=torch.int64, layout=torch.strided,
                 device=None, requires_grad=False):
-        """randint(high, size) or randint(low, high, size), as torch.randint."""
+        """randint(high, size) or randint(low, high, size), as torch.randint; size as the other
+        factories take it (ints in a tuple or list, nested ones unwrapped)."""
         if size is not None:
             args = (*args, size)
         if len(args) == 2:
             args = (0, *args)
         if len(args) != 3:
-            raise TypeError("randint takes (high, size) or (low, high, size)")
+            raise FactoryArgumentError(f"randint takes (high, size) or (low, high, size), got {len(args)} "
+                                       f"positional arguments {args!r}")
         low, high, size = args
         if not low < high:
-            raise ValueError(f"randint needs low < high, got low={low} high={high}")
+            raise FactoryArgumentError(f"randint needs low < high, got low={low} high={high}")
         return self.factory(size, dtype, device, out, requires_grad,
                             lambda t: t.random_(low, high, generator=generator), layout)

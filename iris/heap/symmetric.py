@@ -14,7 +14,7 @@ from .address_map import SymmetricAddressMap, address_map
 from .as_symmetric import AsSymmetric
 from .factories import Factories
 from .imports import Imports
-from .lifetime import Block, Lifetimes, Owner
+from .lifetime import Block, FreedTensor, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import tensor_at, tensor_maker
@@ -68,8 +68,8 @@ class SymmetricHeap(Lifetimes):
 
         Blocks are whole multiples of 256 bytes, so every free block starts aligned and the policy's
         first candidate always fits. The usual request takes a freed block of its exact size, which
-        is backed memory on every rank: no driver call and no exchange, so it also works inside
-        CUDA graph capture."""
+        is backed memory on every rank: no exchange, and at most a stream wait on the peers' progress
+        (none after a barrier), so it also works inside CUDA graph capture."""
         if nbytes is None:
             nbytes = math.prod(shape) * dtype.itemsize
         if self._guarded:  # closed, or IRIS_CHECK_SYMMETRY=full: one test on the usual path
@@ -78,13 +78,16 @@ class SymmetricHeap(Lifetimes):
             self.check_symmetry(f"allocate({nbytes}, 256)")
         size = ((nbytes or 1) + 255) & -256
         offset = self._reuse(size)
-        if offset is None:
+        fresh = offset is None
+        if fresh:
             offset = self._allocate(nbytes, size)
         self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
         self._serial = serial = self._serial + 1
         if not serial & 1023:
             self.symmetry.bound()
         self._at[offset] = block = Block(offset, nbytes, serial)
+        if self._fence:  # made on every rank before the wait, so a ReuseTimeout leaves the ranks' heaps alike
+            self._fresh(offset, nbytes) if fresh else self._reused(offset, nbytes)
         return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
 
     def _allocate(self, nbytes: int, size: int) -> int:
@@ -92,11 +95,7 @@ class SymmetricHeap(Lifetimes):
         if needed (never during CUDA graph capture: growth maps memory and exchanges it with peers),
         and garbage collection when the heap is full."""
         try:
-            offset, new = self.alloc.allocate(size, 256, self._grow_now)
-            if offset is None and self._may_grow():  # freed blocks wait for reuse
-                if self._waiting_bytes() >= max(size, self.alloc.chunk):  # worth a point before growing
-                    self._release_agreed(self.group.allgather(self._point(), "allocate (reuse before growth)"))
-                offset, new = self.alloc.allocate(size, 256, self._may_grow)
+            offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
                 self.peer_maps.grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
@@ -113,19 +112,9 @@ class SymmetricHeap(Lifetimes):
             self.peer_maps.grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
         return offset
 
-    def _grow_now(self) -> bool:
-        """may_grow for a first try: not while freed blocks wait. _allocate then passes a point first when
-        a chunk (and the request) waits; with less it grows, so that a loop of allocate and free with
-        no collective point does not pass one per allocation (growth's own exchange returns what has
-        finished, so the heap stays within about a chunk of that)."""
-        return not (self._freed or self._waiting) and self._may_grow()
-
-    def _waiting_bytes(self) -> int:
-        return sum(b.nbytes for b in self._freed) + sum(b.nbytes for w in self._waiting.values() for b in w)
-
     def free(self, offset: int) -> int:
-        """Give the block at offset back for reuse once the work queued before this free has finished
-        on every rank (see lifetime.py). Collective: all ranks, same order."""
+        """Give the block at offset back to the pool now; its next allocation waits in stream order for
+        every rank's work queued before this free (see lifetime.py). Collective: all ranks, same order."""
         block = self._at.get(offset)
         if block is not None:
             return self.free_block(block)
@@ -149,7 +138,7 @@ class SymmetricHeap(Lifetimes):
         was freed before it goes back to the pool here. Collective: all ranks."""
         got = self.group.allgather((self.symmetry.token(pending), self._point(sync)), what)
         self.symmetry.compare([g[0] for g in got], self.rank, f"{what} before {pending}" if pending else what)
-        self._release_agreed([g[1] for g in got])
+        self._release_agreed([g[1] for g in got], synced=sync is True)
 
     def trim(self) -> int:
         """Give segments without live data back to the device on every rank; returns bytes released.
@@ -249,7 +238,7 @@ class SymmetricHeap(Lifetimes):
         return offset
 
     def contains(self, t: torch.Tensor) -> bool:
-        if t.device != self.device:
+        if type(t) is FreedTensor or t.device != self.device:  # a freed tensor is on no heap any more
             return False
         start = self.address(t) - self.bases[self.rank]
         span = 0 if t.numel() == 0 else sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
@@ -290,6 +279,8 @@ class SymmetricHeap(Lifetimes):
             return True
 
     def _teardown(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
         try:
             self.peer_maps.drop_range(0, self.size)
             self._peer_blocks.close()  # peer reservations, or peer blocks opened once
