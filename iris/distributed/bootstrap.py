@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from .. import settings
 from ..errors import BootstrapError
-from .group import Group, hostname, tcp_listener
+from .group import REPORT_S, Group, hostname, say, tcp_listener
 
 DEFAULT_TIMEOUT = settings.TIMEOUT.default
 # One rendezvous per job, reused by every group formation: a rank that gave up on one formation
@@ -29,6 +29,7 @@ _SOCKET = "rendezvous.sock"
 _published = None  # the rendezvous rank 0 shared over torch.distributed or MPI: path or tcp, secret, hosts
 _listener = None  # rank 0's TCP listener made to learn its port, handed to the first formation
 _private_dir = None
+_alone_said = False  # the single-rank notice, once per process
 
 
 def job_secret() -> str:
@@ -176,4 +177,8 @@ def connect(timeout: float | None = None) -> Group:
         return _from_torch(timeout)
     if _mpi_env():
         return _from_mpi(timeout)
+    global _alone_said
+    if not _alone_said:
+        _alone_said = True
+        say("no launcher found (python -m iris.run, torchrun, mpirun): this process runs as a single rank")
     return Group(0, 1, "", "", timeout)
