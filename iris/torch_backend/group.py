@@ -99,11 +99,13 @@ class _Work(dist.Work):
     """A call already queued on `stream`: wait() makes the current stream wait for it (and the host,
     for a barrier); the future holds the call's tensors."""
 
-    def __init__(self, result, stream=None, block=False):
+    def __init__(self, result, stream=None, block=False, flush=None):
         super().__init__()
-        self.result, self.stream, self.block = result, stream, block
+        self.result, self.stream, self.block, self.flush = result, stream, block, flush
 
     def wait(self, timeout=None):
+        if self.flush is not None:
+            self.flush()
         s = self.stream
         if s is not None:
             current = torch.cuda.current_stream(s.device)
@@ -142,6 +144,7 @@ class IrisGroup(dist.ProcessGroup):
         self._lo = ctx.heap.bases[ctx.rank]
         self._hi = self._lo + ctx.heap.size
         self._cuda = self._device.type == "cuda"
+        self._queued = []  # sends not yet made (see _p2p)
 
     # -- identity --------------------------------------------------------
     def getBackendName(self):
@@ -161,8 +164,8 @@ class IrisGroup(dist.ProcessGroup):
         return f"IrisGroup(rank {self.rank()} of {self.size()}, context ranks {self._members})"
 
     # -- helpers ---------------------------------------------------------
-    def _work(self, result, block=False):
-        return _Work(result, torch.cuda.current_stream(self._device) if self._cuda else None, block)
+    def _work(self, result, block=False, flush=None):
+        return _Work(result, torch.cuda.current_stream(self._device) if self._cuda else None, block, flush)
 
     def _direct(self, t) -> bool:
         """Whether ctx.ccl can take t as it is: contiguous, on this rank's heap."""
@@ -209,12 +212,14 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- all_reduce --------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        self._flush()
         op = self._op("all_reduce", opts.reduceOp)
         for t in tensors:
             self._all_reduce(t, op)
         return self._work(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        self._flush()
         return self.allreduce(tensors, opts)
 
     def _all_reduce(self, t, op, call="all_reduce"):
@@ -254,6 +259,7 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- all_gather --------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
+        self._flush()
         for outs, t in zip(output_tensors, input_tensors):
             if len(outs) != self.size():
                 raise _refuse("all_gather", f"needs {self.size()} output tensors, got {len(outs)}")
@@ -263,6 +269,7 @@ class IrisGroup(dist.ProcessGroup):
         return self._work(output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
+        self._flush()
         w = self.size()
         if output.numel() != w * input.numel() or output.dtype != input.dtype:
             raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {input.numel()} elements of "
@@ -278,6 +285,7 @@ class IrisGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        self._flush()
         for o, i in zip(outputs, inputs):
             self.all_gather_single(o, i, opts)
         return self._work(outputs)
@@ -285,10 +293,12 @@ class IrisGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
+        self._flush()
         return self.allgather(output_lists, inputs, opts)
 
     # -- reduce_scatter ----------------------------------------------------
     def reduce_scatter_single(self, output, input, opts=None):
+        self._flush()
         call, w = "reduce_scatter_tensor", self.size()
         op = self._op(call, opts.reduceOp)
         self._check_op(call, op, output)
@@ -321,6 +331,7 @@ class IrisGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        self._flush()
         for o, ins in zip(output_tensors, input_tensors):
             if len(ins) != self.size():
                 raise _refuse("reduce_scatter", f"needs {self.size()} input tensors, got {len(ins)}")
@@ -329,6 +340,7 @@ class IrisGroup(dist.ProcessGroup):
         return self._work(output_tensors)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        self._flush()
         for o, i in zip(outputs, inputs):
             self.reduce_scatter_single(o, i, opts)
         return self._work(outputs)
@@ -337,6 +349,7 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- all_to_all --------------------------------------------------------
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._flush()
         call, w = "all_to_all_single", self.size()
         if output.dtype != input.dtype:
             raise _refuse(call, f"output is {output.dtype} but input is {input.dtype}; they must match")
@@ -359,6 +372,7 @@ class IrisGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        self._flush()
         if len(output_tensors) != self.size() or len(input_tensors) != self.size():
             raise _refuse("all_to_all", f"needs {self.size()} input and output tensors, got "
                                         f"{len(input_tensors)} and {len(output_tensors)}")
@@ -402,6 +416,7 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- rooted --------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
+        self._flush()
         src = self._global(opts.rootRank)
         for t in tensors:
             if t.numel() == 0 or self.size() == 1:
@@ -420,6 +435,7 @@ class IrisGroup(dist.ProcessGroup):
         return self._work(tensors)
 
     def reduce(self, tensors, opts=None):
+        self._flush()
         call = "reduce"
         op = self._op(call, opts.reduceOp)
         root = opts.rootRank
@@ -442,6 +458,7 @@ class IrisGroup(dist.ProcessGroup):
         return self._work(tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
+        self._flush()
         call, w, root = "gather", self.size(), opts.rootRank
         (t,) = input_tensors
         if self.rank() == root and (len(output_tensors) != 1 or len(output_tensors[0]) != w):
@@ -457,6 +474,7 @@ class IrisGroup(dist.ProcessGroup):
         return self._work(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
+        self._flush()
         call, w, root = "scatter", self.size(), opts.rootRank
         (t,) = output_tensors
         if self.rank() == root and (len(input_tensors) != 1 or len(input_tensors[0]) != w):
@@ -473,47 +491,62 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- point to point ------------------------------------------------------
     def send(self, tensors, dstRank, tag=0):
-        for t in tensors:
-            self._mail(True, t, dstRank)
-        return self._work(tensors)
+        self._p2p([(True, t, dstRank) for t in tensors])
+        return self._work(tensors, flush=self._flush)
 
     def recv(self, tensors, srcRank, tag=0):
-        for t in tensors:
-            self._mail(False, t, srcRank)
+        self._p2p([(False, t, srcRank) for t in tensors])
         return self._work(tensors)
 
     def recv_anysource(self, tensors, tag=0):
         raise _refuse("recv (from any source)", "a receive names its source; pass src=")
 
-    def _mail(self, sending, t, peer):
-        """t through the mailbox to (or from) the member at group rank peer, in pieces of its slot size;
-        a tensor whose bytes are not a whole number of 4-byte words passes through the staging area."""
-        if peer == self.rank():
-            raise _refuse("send" if sending else "recv", f"the peer {peer} is this rank; copy locally")
-        if t.numel() == 0:
-            return
-        direct = t.is_contiguous() and t.nbytes % 4 == 0 and t.device == self._device
-        if direct:
-            words = t.view(-1).view(torch.int32)
-        else:
-            (s,) = self._stage("send" if sending else "recv", _cls(t.nbytes))
-            words = s[:-(-t.nbytes // 4) * 4].view(torch.int32)
-            if sending:
-                s[:t.nbytes].view(t.dtype).view(t.shape).copy_(t)
-        box, step = self._shared.mailbox, self._shared.words
-        group = self._ccl_group
-        for at in range(0, words.numel(), step):
-            piece = words[at:at + step]
-            if sending:
-                self.ctx.ccl.send(piece, peer, group=group, p2p_state=box)
+    def _p2p(self, transfers):
+        """Sends wait in a queue until a receive, a wait(), or any other call of this group: then they go
+        together with it, as NCCL's batched ones, so a ring of isends then irecvs cannot wait on itself."""
+        self._queued.extend(transfers)
+        if any(not sending for sending, _, _ in transfers):
+            self._flush()
+
+    def _flush(self):
+        if self._queued:
+            queued, self._queued = self._queued, []
+            self._transfer(queued)
+
+    def _transfer(self, transfers):
+        """Transfers through the mailbox in pieces of its slot size, interleaved: piece k of every send,
+        then piece k of every receive, so an exchange larger than the mailbox (a ring) cannot wait on
+        itself. A tensor that is not whole 4-byte words on this device passes through a padded copy."""
+        jobs = []
+        for sending, t, peer in transfers:
+            if peer == self.rank():
+                raise _refuse("send" if sending else "recv", f"the peer {peer} is this rank; copy locally")
+            if t.numel() == 0:
+                continue
+            if t.is_contiguous() and t.nbytes % 4 == 0 and t.device == self._device:
+                words, copy = t.view(-1).view(torch.int32), None
             else:
-                self.ctx.ccl.recv(piece, peer, group=group, p2p_state=box)
-        if not sending and not direct:
-            t.copy_(s[:t.nbytes].view(t.dtype).view(t.shape))
+                words = torch.empty(-(-t.nbytes // 4), dtype=torch.int32, device=self._device)
+                copy = words.view(torch.uint8)[:t.nbytes].view(t.dtype).view(t.shape)
+                if sending:
+                    copy.copy_(t)
+            jobs.append((sending, t, peer, words, copy))
+        box, step, ccl = self._shared.mailbox, self._shared.words, self.ctx.ccl
+        pieces = max((j[3].numel() for j in jobs), default=0)
+        for at in range(0, pieces, step):
+            for sending in (True, False):
+                for s, t, peer, words, _ in jobs:
+                    if s == sending and at < words.numel():
+                        call = ccl.send if sending else ccl.recv
+                        call(words[at:at + step], peer, group=self._ccl_group, p2p_state=box)
+        for sending, t, _, _, copy in jobs:
+            if not sending and copy is not None:
+                t.copy_(copy)
 
     # -- synchronisation -----------------------------------------------------
     def barrier(self, opts=None):
         """Every member meets on the device, then (at wait(), as NCCL's barrier) the host waits for it."""
+        self._flush()
         self.ctx.ccl.barrier(group=self._ccl_group)
         return self._work([], block=True)
 
@@ -521,9 +554,10 @@ class IrisGroup(dist.ProcessGroup):
         raise _refuse("monitored_barrier", "gloo's host barrier with rank reports; use dist.barrier()")
 
     def _start_coalescing(self, device=None):
-        pass
+        self._flush()
 
     def _end_coalescing(self, device=None):
+        self._flush()
         return self._work([])
 
     start_coalescing = _start_coalescing
