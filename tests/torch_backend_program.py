@@ -1,6 +1,7 @@
 """Run under a launcher (iris.run or torchrun): every collective of torch.distributed on the "iris"
 backend against gloo on the same random data, then DDP training and DTensor tensor parallelism.
-argv: [cpu|cuda]. Prints "rank R: ok" when every element matched."""
+argv: [cpu|cuda] [sections, comma separated: ops,p2p,sub,ddp,tp,graph; default all that apply].
+Prints "rank R: ok" when every element matched."""
 import os
 import sys
 import warnings
@@ -15,6 +16,7 @@ warnings.simplefilter("ignore", FutureWarning)
 import faulthandler  # noqa: E402
 faulthandler.dump_traceback_later(int(os.environ.get("TB_DUMP", "0")) or 10 ** 6, exit=True)
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+PARTS = set((sys.argv[2] if len(sys.argv) > 2 else "ops,p2p,sub,ddp,tp,graph").split(","))
 dist.init_process_group("iris", pg_options=Options(heap_size=1 << 25, mailbox_bytes=1 << 18))
 R, W = dist.get_rank(), dist.get_world_size()
 DEV = torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
@@ -52,120 +54,122 @@ def poison(t):
     return t.fill_(True) if t.dtype == torch.bool else t.fill_(-77)
 
 
-seed = 0
-# all_reduce: every op, several dtypes (ctx.ccl's and gathered ones), heap and plain tensors, odd sizes
-O = dist.ReduceOp
-for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.float64, torch.int8):
-    for op in (O.SUM, O.MAX, O.MIN, O.PRODUCT, O.AVG, O.BAND, O.BOR, O.BXOR):
-        if op == O.AVG or (op in (O.BAND, O.BOR, O.BXOR) and dtype.is_floating_point):
-            continue  # gloo has no AVG; bitwise ops need integers (iris refuses both the same way)
+if "ops" in PARTS:
+    seed = 0
+    # all_reduce: every op, several dtypes (ctx.ccl's and gathered ones), heap and plain tensors, odd sizes
+    O = dist.ReduceOp
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.float64, torch.int8):
+        for op in (O.SUM, O.MAX, O.MIN, O.PRODUCT, O.AVG, O.BAND, O.BOR, O.BXOR):
+            if op == O.AVG or (op in (O.BAND, O.BOR, O.BXOR) and dtype.is_floating_point):
+                continue  # gloo has no AVG; bitwise ops need integers (iris refuses both the same way)
+            seed += 1
+            x = data((37, 3), dtype, seed)
+            a, b = both(lambda g, t: dist.all_reduce(t, op=op, group=g), x)
+            same(f"all_reduce {dtype} {op}", a[0], b[0])
+    x = data((1000,), torch.float32, 99)
+    h = ctx.empty(1000, dtype=torch.float32)
+    h.copy_(x)
+    dist.all_reduce(h)  # zero copy: in place on the heap
+    want = x.cpu().clone()
+    dist.all_reduce(want, group=GLOO)
+    same("all_reduce heap tensor", h, want)
+    avg = data((64,), torch.float32, 98)
+    want = avg.cpu().clone()
+    dist.all_reduce(want, group=GLOO)
+    dist.all_reduce(avg, op=O.AVG)
+    same("all_reduce AVG", avg, want / W)
+    try:
+        dist.all_reduce(data((4,), torch.int32, 1), op=O.AVG)
+        failures.append("AVG on int32 was not refused")
+    except RuntimeError as e:
+        assert "all_reduce" in str(e) and "AVG" in str(e), e
+    coal = [data((5,), torch.float32, 97), data((7, 2), torch.float32, 96)]
+    a, b = both(lambda g, *ts: dist.all_reduce_coalesced(list(ts), group=g), *coal)
+    for i in range(2):
+        same(f"all_reduce_coalesced {i}", a[i], b[i])
+
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8, torch.bool):
         seed += 1
-        x = data((37, 3), dtype, seed)
-        a, b = both(lambda g, t: dist.all_reduce(t, op=op, group=g), x)
-        same(f"all_reduce {dtype} {op}", a[0], b[0])
-x = data((1000,), torch.float32, 99)
-h = ctx.empty(1000, dtype=torch.float32)
-h.copy_(x)
-dist.all_reduce(h)  # zero copy: in place on the heap
-want = x.cpu().clone()
-dist.all_reduce(want, group=GLOO)
-same("all_reduce heap tensor", h, want)
-avg = data((64,), torch.float32, 98)
-want = avg.cpu().clone()
-dist.all_reduce(want, group=GLOO)
-dist.all_reduce(avg, op=O.AVG)
-same("all_reduce AVG", avg, want / W)
-try:
-    dist.all_reduce(data((4,), torch.int32, 1), op=O.AVG)
-    failures.append("AVG on int32 was not refused")
-except RuntimeError as e:
-    assert "all_reduce" in str(e) and "AVG" in str(e), e
-coal = [data((5,), torch.float32, 97), data((7, 2), torch.float32, 96)]
-a, b = both(lambda g, *ts: dist.all_reduce_coalesced(list(ts), group=g), *coal)
-for i in range(2):
-    same(f"all_reduce_coalesced {i}", a[i], b[i])
-
-for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
-    seed += 1
-    x = data((13, 3), dtype, seed)
-    out = poison(torch.empty((13 * W, 3), dtype=dtype, device=DEV))
-    a, b = both(lambda g, o, t: dist.all_gather_into_tensor(o, t, group=g), out, x)
-    same(f"all_gather_into_tensor {dtype}", a[0], b[0])
-    outs_i = [poison(torch.empty((13, 3), dtype=dtype, device=DEV)) for _ in range(W)]
-    outs_g = [o.cpu().clone() for o in outs_i]
-    dist.all_gather(outs_i, x)
-    dist.all_gather(outs_g, x.cpu(), group=GLOO)
-    for r in range(W):
-        same(f"all_gather {dtype} [{r}]", outs_i[r], outs_g[r])
-    for op in (O.SUM, O.MAX, O.MIN) if dtype != torch.bool else ():
-        big = data((6 * W, 5), dtype, seed + 500)
-        out = poison(torch.empty((6, 5), dtype=dtype, device=DEV))
-        a, b = both(lambda g, o, t: dist.reduce_scatter_tensor(o, t, op=op, group=g), out, big)
-        same(f"reduce_scatter_tensor {dtype} {op}", a[0], b[0])
-    seed += 1
-    x = data((4 * W, 3), dtype, seed)
-    out = poison(torch.empty_like(x))
-    a, b = both(lambda g, o, t: dist.all_to_all_single(o, t, group=g), out, x)
-    same(f"all_to_all_single {dtype}", a[0], b[0])
-    ins_split = [(R + r) % 3 + 1 for r in range(W)]  # rows this rank sends to each
-    outs_split = [(r + R) % 3 + 1 for r in range(W)]  # rows each rank sends here
-    x = data((sum(ins_split), 2), dtype, seed + 1)
-    out = poison(torch.empty((sum(outs_split), 2), dtype=dtype, device=DEV))
-    a, b = both(lambda g, o, t: dist.all_to_all_single(o, t, outs_split, ins_split, group=g), out, x)
-    same(f"all_to_all_single uneven {dtype}", a[0], b[0])
-    for root in range(W):
-        x = data((9, 2), dtype, seed + 2 + root)
-        a, b = both(lambda g, t: dist.broadcast(t, root, group=g), x)
-        same(f"broadcast {dtype} from {root}", a[0], b[0])
-        if dtype != torch.bool:
-            x = data((9, 2), dtype, seed + 20 + root)
-            a, b = both(lambda g, t: dist.reduce(t, root, group=g), x)
+        x = data((13, 3), dtype, seed)
+        out = poison(torch.empty((13 * W, 3), dtype=dtype, device=DEV))
+        a, b = both(lambda g, o, t: dist.all_gather_into_tensor(o, t, group=g), out, x)
+        same(f"all_gather_into_tensor {dtype}", a[0], b[0])
+        outs_i = [poison(torch.empty((13, 3), dtype=dtype, device=DEV)) for _ in range(W)]
+        outs_g = [o.cpu().clone() for o in outs_i]
+        dist.all_gather(outs_i, x)
+        dist.all_gather(outs_g, x.cpu(), group=GLOO)
+        for r in range(W):
+            same(f"all_gather {dtype} [{r}]", outs_i[r], outs_g[r])
+        for op in (O.SUM, O.MAX, O.MIN) if dtype != torch.bool else ():
+            big = data((6 * W, 5), dtype, seed + 500)
+            out = poison(torch.empty((6, 5), dtype=dtype, device=DEV))
+            a, b = both(lambda g, o, t: dist.reduce_scatter_tensor(o, t, op=op, group=g), out, big)
+            same(f"reduce_scatter_tensor {dtype} {op}", a[0], b[0])
+        seed += 1
+        x = data((4 * W, 3), dtype, seed)
+        out = poison(torch.empty_like(x))
+        a, b = both(lambda g, o, t: dist.all_to_all_single(o, t, group=g), out, x)
+        same(f"all_to_all_single {dtype}", a[0], b[0])
+        ins_split = [(R + r) % 3 + 1 for r in range(W)]  # rows this rank sends to each
+        outs_split = [(r + R) % 3 + 1 for r in range(W)]  # rows each rank sends here
+        x = data((sum(ins_split), 2), dtype, seed + 1)
+        out = poison(torch.empty((sum(outs_split), 2), dtype=dtype, device=DEV))
+        a, b = both(lambda g, o, t: dist.all_to_all_single(o, t, outs_split, ins_split, group=g), out, x)
+        same(f"all_to_all_single uneven {dtype}", a[0], b[0])
+        for root in range(W) if dtype == torch.float32 else (W - 1,):
+            x = data((9, 2), dtype, seed + 2 + root)
+            a, b = both(lambda g, t: dist.broadcast(t, root, group=g), x)
+            same(f"broadcast {dtype} from {root}", a[0], b[0])
+            if dtype != torch.bool:
+                x = data((9, 2), dtype, seed + 20 + root)
+                a, b = both(lambda g, t: dist.reduce(t, root, group=g), x)
+                if R == root:
+                    same(f"reduce {dtype} to {root}", a[0], b[0])
+            x = data((4, 2), dtype, seed + 40 + root)
+            gi = [poison(torch.empty_like(x)) for _ in range(W)] if R == root else None
+            gg = [poison(torch.empty_like(x)).cpu() for _ in range(W)] if R == root else None
+            dist.gather(x, gi, dst=root)
+            dist.gather(x.cpu(), gg, dst=root, group=GLOO)
             if R == root:
-                same(f"reduce {dtype} to {root}", a[0], b[0])
-        x = data((4, 2), dtype, seed + 40 + root)
-        gi = [poison(torch.empty_like(x)) for _ in range(W)] if R == root else None
-        gg = [poison(torch.empty_like(x)).cpu() for _ in range(W)] if R == root else None
-        dist.gather(x, gi, dst=root)
-        dist.gather(x.cpu(), gg, dst=root, group=GLOO)
-        if R == root:
-            for r in range(W):
-                same(f"gather {dtype} to {root} [{r}]", gi[r], gg[r])
-        chunks = [data((4, 2), dtype, seed + 60 + r) for r in range(W)] if R == root else None
-        si, sg = poison(torch.empty((4, 2), dtype=dtype, device=DEV)), poison(torch.empty((4, 2), dtype=dtype))
-        dist.scatter(si, chunks, src=root)
-        dist.scatter(sg, [c.cpu() for c in chunks] if chunks else None, src=root, group=GLOO)
-        same(f"scatter {dtype} from {root}", si, sg)
+                for r in range(W):
+                    same(f"gather {dtype} to {root} [{r}]", gi[r], gg[r])
+            chunks = [data((4, 2), dtype, seed + 60 + r) for r in range(W)] if R == root else None
+            si, sg = poison(torch.empty((4, 2), dtype=dtype, device=DEV)), poison(torch.empty((4, 2), dtype=dtype))
+            dist.scatter(si, chunks, src=root)
+            dist.scatter(sg, [c.cpu() for c in chunks] if chunks else None, src=root, group=GLOO)
+            same(f"scatter {dtype} from {root}", si, sg)
 
-# send/recv around the ring (every rank sends first: the mailbox lets sends go ahead), odd byte counts too
-for n, dtype in ((1000, torch.float32), (3, torch.uint8), (300_000, torch.int32)):
-    x = data((n,), dtype, 7)
-    got = poison(torch.empty((n,), dtype=dtype, device=DEV))
-    reqs = [dist.isend(x, (R + 1) % W), dist.irecv(got, (R - 1) % W)]  # larger than the mailbox too
-    for q in reqs:
+if "p2p" in PARTS:
+    # send/recv around the ring (every rank sends first: the mailbox lets sends go ahead), odd byte counts too
+    for n, dtype in ((1000, torch.float32), (3, torch.uint8), (300_000, torch.int32)):
+        x = data((n,), dtype, 7)
+        got = poison(torch.empty((n,), dtype=dtype, device=DEV))
+        reqs = [dist.isend(x, (R + 1) % W), dist.irecv(got, (R - 1) % W)]  # larger than the mailbox too
+        for q in reqs:
+            q.wait()
+        want = torch.empty((n,), dtype=dtype)
+        reqs = [dist.isend(x.cpu(), (R + 1) % W, group=GLOO), dist.irecv(want, (R - 1) % W, group=GLOO)]
+        for q in reqs:
+            q.wait()
+        same(f"send/recv {n} {dtype}", got, want)
+    ops = [dist.P2POp(dist.isend, data((8,), torch.float32, 5), (R + 1) % W),
+           dist.P2POp(dist.irecv, poison(torch.empty(8, device=DEV)), (R - 1) % W)]
+    for q in dist.batch_isend_irecv(ops):
         q.wait()
-    want = torch.empty((n,), dtype=dtype)
-    reqs = [dist.isend(x.cpu(), (R + 1) % W, group=GLOO), dist.irecv(want, (R - 1) % W, group=GLOO)]
-    for q in reqs:
-        q.wait()
-    same(f"send/recv {n} {dtype}", got, want)
-ops = [dist.P2POp(dist.isend, data((8,), torch.float32, 5), (R + 1) % W),
-       dist.P2POp(dist.irecv, poison(torch.empty(8, device=DEV)), (R - 1) % W)]
-for q in dist.batch_isend_irecv(ops):
-    q.wait()
-prev = torch.Generator().manual_seed(5000 + (R - 1) % W)
-same("batch_isend_irecv", ops[1].tensor, torch.randint(-8, 8, (8,), generator=prev).float())
+    prev = torch.Generator().manual_seed(5000 + (R - 1) % W)
+    same("batch_isend_irecv", ops[1].tensor, torch.randint(-8, 8, (8,), generator=prev).float())
 
-# async_op: the Work's future holds the tensors
-x = data((16,), torch.float32, 3)
-want = x.cpu().clone()
-dist.all_reduce(want, group=GLOO)
-work = dist.all_reduce(x, async_op=True)
-work.wait()
-same("all_reduce async", work.get_future().wait()[0], want)
-dist.barrier()
+    # async_op: the Work's future holds the tensors
+    x = data((16,), torch.float32, 3)
+    want = x.cpu().clone()
+    dist.all_reduce(want, group=GLOO)
+    work = dist.all_reduce(x, async_op=True)
+    work.wait()
+    same("all_reduce async", work.get_future().wait()[0], want)
+    dist.barrier()
 
 # a sub-group of "iris" (the first and last rank), against the same sub-group on gloo
-if W > 2:
+if "sub" in PARTS and W > 2:
     members = [0, W - 1]
     sub, sub_gloo = dist.new_group(members, backend="iris"), dist.new_group(members, backend="gloo")
     if R in members:
@@ -207,29 +211,69 @@ def train(group, device):
     return torch.stack(losses), [p.detach().cpu() for p in model.parameters()]
 
 
-li, pi = train(None, DEV)
-lg, pg = train(GLOO, torch.device("cpu"))
-if DEV.type == "cpu":
-    same("DDP losses", li, lg)
-    for i, (a, b) in enumerate(zip(pi, pg)):
-        same(f"DDP parameter {i}", a, b)
-elif not torch.allclose(li, lg, rtol=1e-5, atol=1e-6):
-    failures.append(f"DDP losses {li.tolist()} vs gloo {lg.tolist()}")
+if "ddp" in PARTS:
+    li, pi = train(None, DEV)
+    lg, pg = train(GLOO, torch.device("cpu"))
+    if DEV.type == "cpu":
+        same("DDP losses", li, lg)
+        for i, (a, b) in enumerate(zip(pi, pg)):
+            same(f"DDP parameter {i}", a, b)
+    elif not torch.allclose(li, lg, rtol=1e-5, atol=1e-6):
+        failures.append(f"DDP losses {li.tolist()} vs gloo {lg.tolist()}")
 
 # DTensor tensor parallelism: a column- then row-parallel MLP equals the unsharded one
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
+if "tp" in PARTS:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-torch.manual_seed(1)
-mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).to(DEV)
-x = torch.randint(-4, 4, (5, 16), generator=torch.Generator().manual_seed(3)).float().to(DEV)
-want = mlp(x).detach()
-mesh = init_device_mesh(DEV.type, (W,))
-tp = parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-got = tp(x).detach()
-got = got.full_tensor() if hasattr(got, "full_tensor") else got
-if not torch.allclose(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-5):
-    failures.append(f"TP MLP differs by {(got.cpu() - want.cpu()).abs().max().item()}")
+    torch.manual_seed(1)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 8 * W), torch.nn.ReLU(), torch.nn.Linear(8 * W, 16)).to(DEV)
+    x = torch.randint(-4, 4, (5, 16), generator=torch.Generator().manual_seed(3)).float().to(DEV)
+    want = mlp(x).detach()
+    mesh = init_device_mesh(DEV.type, (W,))
+    tp = parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    got = tp(x).detach()
+    got = got.full_tensor() if hasattr(got, "full_tensor") else got
+    if not torch.allclose(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-5):
+        failures.append(f"TP MLP differs by {(got.cpu() - want.cpu()).abs().max().item()}")
+
+# CUDA graphs: a step (a matmul, then all_reduce of a plain tensor and of a heap tensor) captured once
+# replays with new inputs and gives the eager results
+if "graph" in PARTS and DEV.type == "cuda":
+    lin = torch.nn.Linear(32, 32, device=DEV)
+    x = torch.empty(8, 32, device=DEV)
+    h = ctx.empty(8, 32)
+
+    def step():
+        y = lin(x)
+        dist.all_reduce(y)
+        h.copy_(y)
+        dist.all_reduce(h, op=dist.ReduceOp.MAX)
+        return y
+
+    with torch.no_grad():
+        x.copy_(data((8, 32), torch.float32, 70))
+        step()  # builds ctx.ccl's plans outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            with torch.cuda.graph(graph):
+                y_graph = step()
+        torch.cuda.current_stream().wait_stream(side)
+        for k in range(3):
+            x.copy_(data((8, 32), torch.float32, 71 + k))
+            graph.replay()
+            got_y, got_h = y_graph.clone(), h.clone()
+            want_y = lin(x).cpu()
+            dist.all_reduce(want_y, group=GLOO)
+            want_h = want_y.clone()
+            dist.all_reduce(want_h, op=dist.ReduceOp.MAX, group=GLOO)
+            if not torch.allclose(got_y.cpu(), want_y, rtol=1e-5, atol=1e-4):
+                failures.append(f"graph replay {k}: all_reduce differs by {(got_y.cpu() - want_y).abs().max()}")
+            if not torch.allclose(got_h.cpu(), want_h, rtol=1e-5, atol=1e-4):
+                failures.append(f"graph replay {k}: heap MAX differs by {(got_h.cpu() - want_h).abs().max()}")
 
 for f in failures:
     print(f"rank {R}: FAIL {f}", flush=True)
