@@ -17,7 +17,10 @@ import faulthandler  # noqa: E402
 faulthandler.dump_traceback_later(int(os.environ.get("TB_DUMP", "0")) or 10 ** 6, exit=True)
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
 PARTS = set((sys.argv[2] if len(sys.argv) > 2 else "ops,p2p,sub,ddp,tp,graph").split(","))
-dist.init_process_group("iris", pg_options=Options(heap_size=1 << 25, mailbox_bytes=1 << 18))
+# mpiexec sets MPI's variables only: rank and size from them (MASTER_ADDR/MASTER_PORT come from the caller)
+MPI = {} if "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" not in os.environ else {
+    "rank": int(os.environ["OMPI_COMM_WORLD_RANK"]), "world_size": int(os.environ["OMPI_COMM_WORLD_SIZE"])}
+dist.init_process_group("iris", pg_options=Options(heap_size=1 << 25, mailbox_bytes=1 << 18), **MPI)
 R, W = dist.get_rank(), dist.get_world_size()
 DEV = torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
 GLOO = dist.new_group(backend="gloo")
