@@ -74,8 +74,9 @@ def test_every_op_against_gloo_under_iris_run():
 
 
 def test_sub_groups_ddp_and_tensor_parallel_on_three_ranks():
-    """new_group over two of three ranks, DDP losses equal gloo's, a TP MLP equals the unsharded one."""
-    _run([sys.executable, "-m", "iris.run", "-n", "3", PROGRAM, "cpu", "sub,ddp,tp"], 3)
+    """A context made first and adopted (Options(ctx=)), new_group over two of three ranks, DDP losses
+    equal gloo's, a TP MLP equals the unsharded one."""
+    _run([sys.executable, "-m", "iris.run", "-n", "3", PROGRAM, "cpu", "adopt,sub,ddp,tp"], 3)
 
 
 def test_under_torchrun():

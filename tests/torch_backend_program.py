@@ -1,6 +1,6 @@
 """Run under a launcher (iris.run or torchrun): every collective of torch.distributed on the "iris"
 backend against gloo on the same random data, then DDP training and DTensor tensor parallelism.
-argv: [cpu|cuda] [sections, comma separated: ops,p2p,sub,ddp,tp,graph; default all that apply].
+argv: [cpu|cuda] [sections, comma separated: adopt,ops,p2p,sub,ddp,tp,graph; default all but adopt].
 Prints "rank R: ok" when every element matched."""
 import os
 import sys
@@ -20,12 +20,17 @@ PARTS = set((sys.argv[2] if len(sys.argv) > 2 else "ops,p2p,sub,ddp,tp,graph").s
 # mpiexec sets MPI's variables only: rank and size from them (MASTER_ADDR/MASTER_PORT come from the caller)
 MPI = {} if "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" not in os.environ else {
     "rank": int(os.environ["OMPI_COMM_WORLD_RANK"]), "world_size": int(os.environ["OMPI_COMM_WORLD_SIZE"])}
-dist.init_process_group("iris", pg_options=Options(heap_size=1 << 25, mailbox_bytes=1 << 18), **MPI)
+OPTIONS = Options(heap_size=1 << 25, mailbox_bytes=1 << 18)
+if "adopt" in PARTS:  # a context the program made first (under iris.run), adopted by the backend
+    OPTIONS = Options(ctx=iris.iris(heap_size=1 << 25), mailbox_bytes=1 << 18)
+dist.init_process_group("iris", pg_options=OPTIONS, **MPI)
 R, W = dist.get_rank(), dist.get_world_size()
 DEV = torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
 GLOO = dist.new_group(backend="gloo")
 ctx = iris.torch_backend.context()
 failures = []
+if "adopt" in PARTS and ctx is not OPTIONS.ctx:
+    failures.append("Options(ctx=...) was not adopted")
 
 
 def same(name, got, want):
@@ -141,6 +146,39 @@ if "ops" in PARTS:
             dist.scatter(si, chunks, src=root)
             dist.scatter(sg, [c.cpu() for c in chunks] if chunks else None, src=root, group=GLOO)
             same(f"scatter {dtype} from {root}", si, sg)
+
+# functional collectives (DTensor's path, through torch's C++ ops) and the coalescing manager (FSDP's)
+if "ops" in PARTS:
+    import torch.distributed._functional_collectives as fc
+
+    x = data((6, 4), torch.float32, 80)
+    calls = {"fc all_reduce": lambda g, t: fc.all_reduce(t, "sum", g),
+             "fc all_gather_tensor": lambda g, t: fc.all_gather_tensor(t, 0, g),
+             "fc reduce_scatter_tensor": lambda g, t: fc.reduce_scatter_tensor(t.repeat(W, 1), "max", 0, g),
+             "fc all_to_all_single": lambda g, t: fc.all_to_all_single(t.repeat(W, 1), None, None, g),
+             "fc broadcast": lambda g, t: fc.broadcast(t, W - 1, g)}
+    for name, fn in calls.items():
+        same(name, fn(dist.group.WORLD, x.clone()).wait(), fn(GLOO, x.cpu().clone()).wait())
+    got = fc.all_gather_into_tensor_coalesced([x, x[0]], dist.group.WORLD)
+    want = fc.all_gather_into_tensor_coalesced([x.cpu(), x[0].cpu()], GLOO)
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(f"fc all_gather_into_tensor_coalesced {i}", a.wait(), b.wait())
+    lists = [[poison(torch.empty(6, 4, device=DEV)), poison(torch.empty(4, device=DEV))] for _ in range(W)]
+    dist.all_gather_coalesced(lists, [x, x[2]])
+    for r in range(W):
+        mine = torch.randint(-8, 8, (6, 4), generator=torch.Generator().manual_seed(80000 + r)).float()
+        same(f"all_gather_coalesced [{r}]", lists[r][0], mine)
+        same(f"all_gather_coalesced [{r}] row", lists[r][1], mine[2])
+    outs = [poison(torch.empty(6 * W, 4, device=DEV)), poison(torch.empty(W * 4, device=DEV))]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_gather_into_tensor(outs[0], x)
+        dist.all_gather_into_tensor(outs[1], x[1])
+    cm.wait()
+    wants = [torch.empty(6 * W, 4), torch.empty(W * 4)]
+    dist.all_gather_into_tensor(wants[0], x.cpu(), group=GLOO)
+    dist.all_gather_into_tensor(wants[1], x[1].cpu(), group=GLOO)
+    for i in range(2):
+        same(f"coalescing manager all_gather {i}", outs[i], wants[i])
 
 if "p2p" in PARTS:
     # send/recv around the ring (every rank sends first: the mailbox lets sends go ahead), odd byte counts too

@@ -71,7 +71,7 @@ def create(dist_options, options):
                    group=from_store(dist_options.store, rank, size, timeout))
         _shared[ctx] = _Shared(ctx, ranks, options)
     elif ctx not in _shared:
-        if ctx.world != dist.get_world_size() if dist.is_initialized() else ctx.world != size:
+        if ctx.world != (dist.get_world_size() if dist.is_initialized() else size):
             raise ValueError(f"Options(ctx=...): the context spans {ctx.world} ranks but torch's job has "
                              f"{size}; adopt a context of the whole job")
         _shared[ctx] = _Shared(ctx, range(ctx.world), options)
@@ -185,9 +185,6 @@ class IrisGroup(dist.ProcessGroup):
             at += n
         return out
 
-    def _pos(self, group_rank: int) -> int:
-        return group_rank
-
     def _global(self, group_rank: int) -> int:
         return self._members[group_rank]
 
@@ -293,8 +290,15 @@ class IrisGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
+        """output_lists[r][i] = member r's inputs[i] (torch's layout for all_gather_coalesced)."""
         self._flush()
-        return self.allgather(output_lists, inputs, opts)
+        if len(output_lists) != self.size():
+            raise _refuse("all_gather_coalesced", f"needs {self.size()} output lists, got {len(output_lists)}")
+        for i, t in enumerate(inputs):
+            rows = self._gathered_bytes(t, "all_gather_coalesced")
+            for outs, r in zip(output_lists, rows):
+                outs[i].copy_(r[:t.nbytes].view(t.dtype).view(outs[i].shape))
+        return self._work(output_lists)
 
     # -- reduce_scatter ----------------------------------------------------
     def reduce_scatter_single(self, output, input, opts=None):
