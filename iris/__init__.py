@@ -8,7 +8,10 @@ defined.
 import os as _os
 from importlib import import_module as _import_module, util as _util
 
-from .errors import (BootstrapError, CaptureError, ContextClosed, DriverError, HeapOutOfMemory, IrisError,
+from . import settings as _settings
+from .errors import (AddressMapError, BootstrapError, CaptureError, CheckpointError, CollectiveError, ConfigError,
+                     ContextClosed, DriverError, GluonUnavailable, HeapOutOfMemory, IndirectPeerError, IrisError,
+                     NvshmemUnavailable, ProviderUnavailable, ReadError, SettingError, SpansHostsError,
                      SymmetryError)
 from .platform import detect as _detect
 
@@ -17,7 +20,7 @@ try:
 except ValueError:  # a bad IRIS_PLATFORM: iris.iris() and `iris info` report it
     _host = False
 if _host:  # kernels over host memory run in Triton's interpreter
-    _os.environ.setdefault("TRITON_INTERPRET", "1")
+    _os.environ.setdefault(_settings.INTERPRET.name, "1")
 
 from .torch_backend import install as _install_torch_backend  # noqa: E402 (after the platform choice)
 
@@ -48,8 +51,10 @@ def __dir__():
     return sorted(set(globals()) | set(_SOURCES))
 
 
-__all__ = ["BootstrapError", "CaptureError", "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR",
-           "HeapOutOfMemory", "INFO", "Iris", "IrisError", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",
+__all__ = ["AddressMapError", "BootstrapError", "CaptureError", "CheckpointError", "CollectiveError", "ConfigError",
+           "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR", "GluonUnavailable", "HeapOutOfMemory",
+           "INFO", "IndirectPeerError", "Iris", "IrisError", "NvshmemUnavailable", "ProviderUnavailable", "ReadError",
+           "SettingError", "SpansHostsError", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",
            "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub", "atomic_xchg",
            "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger", "put",
            "set_logger_level", "signal", "spawn", "store", "translate", "wait"]

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import distributed
+from . import distributed, settings
 from .allocators import ALIASES, ALLOCATORS
 from .device_name import DeviceName
 from .allocators.offsets import round_up
@@ -42,7 +42,7 @@ def _internal_bytes(world: int, puts: bool = False) -> int:
 
 def _ccl_puts_asked() -> bool:
     """IRIS_CCL_PUTS=1: ctx.ccl moves data by puts although every peer is direct (tests, benchmarks)."""
-    return os.environ.get("IRIS_CCL_PUTS", "").strip() not in ("", "0")
+    return settings.CCL_PUTS.get()
 
 
 def _ccl_puts_expected(allocator, world: int, group) -> bool:
@@ -95,7 +95,7 @@ class Iris:
         heap_size = _check_heap_size(heap_size)
         if allocator is not None and allocator_type is not None and allocator != allocator_type:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
-        name = os.environ.get("IRIS_ALLOCATOR") or allocator or allocator_type or "torch"
+        name = settings.ALLOCATOR.get() or allocator or allocator_type or "torch"
         name = ALIASES.get(name, name)
         if name not in ALLOCATORS:
             raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
@@ -110,9 +110,10 @@ class Iris:
             if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
                 self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
                                             "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
-                if reach.forced(self.world):
-                    raise IrisError(f"IRIS_INDIRECT_PEERS={os.environ['IRIS_INDIRECT_PEERS']} asks for indirect peers, "
-                                    f"which only allocator='nvshmem' reaches; allocator={name!r} maps every peer")
+                named = reach.forced(self.world)
+                if named:
+                    raise IrisError(f"IRIS_INDIRECT_PEERS names ranks {sorted(named)} as indirect peers, which only "
+                                    f"allocator='nvshmem' reaches; allocator={name!r} maps every peer")
             index = self.group.local_rank % self.driver.device_count()
             self.driver.set_device(index)
             if self.driver.torch_device == "cpu":

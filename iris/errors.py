@@ -55,5 +55,33 @@ class AddressMapError(IrisError, ValueError):
     """A peer-base table that a kernel would translate through into a wild pointer."""
 
 
-class ProviderUnavailable(IrisError, ImportError):
-    """An optional provider's package is missing or cannot run here; names the pip extra to install."""
+class ProviderUnavailable(IrisError, ImportError, RuntimeError):
+    """An optional provider or library (NVSHMEM's host or device part, torch's symmetric memory) is
+    missing or cannot run here; names the pip extra to install or the variable to set."""
+
+
+NvshmemUnavailable = ProviderUnavailable  # the name device code raised before the two were one
+
+
+class SettingError(IrisError, ValueError):
+    """An environment variable iris reads holds a value it cannot use; names the variable and its values."""
+
+
+class CollectiveError(IrisError, ValueError):
+    """A collective was called with tensors it cannot take; nothing was allocated or launched."""
+
+
+class ConfigError(IrisError, ValueError):
+    """A Config field holds a value the collective cannot use; the message names the field and the allowed values."""
+
+
+class GluonUnavailable(IrisError, ImportError):
+    """Config(use_gluon=True) asked for a Gluon kernel that cannot run here."""
+
+
+class CheckpointError(IrisError, ValueError):
+    """A checkpoint file is missing, malformed or truncated; names the file and the fix."""
+
+
+class ReadError(IrisError, OSError):
+    """A checkpoint file could not be read as planned (it changed or shrank after its header was read)."""

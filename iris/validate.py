@@ -13,17 +13,8 @@ MAX_BYTES = (1 << 63) - 1
 _CHECKED = {}  # torch.dtype that dtype_of accepted -> its itemsize (so plain_request skips the checks)
 
 
-def timeout_seconds(timeout, env: str | None, default: float) -> float:
-    """timeout=, else IRIS_TIMEOUT, else default: a finite positive number of seconds."""
-    if timeout is None and env is not None:
-        try:
-            value = float(env)
-        except ValueError:
-            raise ValueError(f"IRIS_TIMEOUT={env!r} is not a number of seconds; e.g. IRIS_TIMEOUT=300") from None
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"IRIS_TIMEOUT={env!r} must be a finite positive number of seconds; e.g. IRIS_TIMEOUT=300")
-        return value
-    value = default if timeout is None else timeout
+def timeout_seconds(value) -> float:
+    """A timeout= argument checked: a finite positive number of seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"timeout must be a finite positive number of seconds, got {value!r}; e.g. timeout=300")
     return float(value)

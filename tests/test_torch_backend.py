@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from iris.errors import SettingError
 from iris.torch_backend import heap_size_setting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +65,7 @@ def test_heap_size_setting(monkeypatch, raw, want):
 @pytest.mark.parametrize("raw", ["-5", "0", "1.5G", "lots", "12 parsecs"])
 def test_heap_size_setting_refuses(monkeypatch, raw):
     monkeypatch.setenv("IRIS_HEAP_SIZE", raw)
-    with pytest.raises(ValueError, match="IRIS_HEAP_SIZE"):
+    with pytest.raises(SettingError, match="^IRIS_HEAP_SIZE="):
         heap_size_setting()
 
 

@@ -1,4 +1,7 @@
-"""Allocators: policy only, over the Driver protocol."""
+"""Allocators: policy only, over the Driver protocol.
+
+An allocator binds its offset policy's allocate, free and reuse once, when it is built, so the usual
+allocation and free are one call into the policy (benchmarks/alloc_cost.py, docs/performance.md)."""
 from .nvshmem import NvshmemAllocator
 from .offsets import Offsets
 from .torch_bump import TorchAllocator

@@ -26,7 +26,7 @@ class NvshmemAllocator:
         if device.type != "cuda":
             raise ProviderUnavailable(f"allocator='nvshmem' needs a CUDA GPU; this heap is on {device}. "
                                       "Use allocator='torch' or 'vmem'")
-        from ..experimental import nvshmem_runtime as runtime
+        from ..platform import nvshmem as runtime
         self._runtime = runtime
         runtime.ensure_init(lambda raw: group.allgather(raw, "nvshmem unique id")[0], group.rank, group.world,
                             device.index, heap_size)
@@ -34,8 +34,8 @@ class NvshmemAllocator:
         self.base, self.size = runtime.malloc(heap_size), heap_size
         self._kept = False
         self.offsets = CachingOffsets(heap_size)
-        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
-        self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self._policy = self.offsets.allocate
+        self.free = self.offsets.free  # free(offset) -> size
         self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed block of that size, or None
 
     committed = property(lambda self: self.size)

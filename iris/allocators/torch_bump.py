@@ -23,8 +23,8 @@ class TorchAllocator:
             block = torch.empty(heap_size, dtype=torch.uint8, device=device)
         self.block, self.base, self.size = block, block.data_ptr(), heap_size
         self.offsets = CachingOffsets(heap_size)
-        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
-        self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self._policy = self.offsets.allocate
+        self.free = self.offsets.free  # free(offset) -> size
         self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed, backed block of that size, or None
 
     committed = property(lambda self: self.size)

@@ -46,8 +46,8 @@ class VMemAllocator:
         self.size = round_up(heap_size, self.chunk)
         self.base = driver.reserve(self.size)
         self.offsets = CachingOffsets(self.size)
-        self._policy = self.offsets.allocate  # bound once: the usual allocation's first call
-        self.free = self.offsets.free  # free(offset) -> size: the policy's own, one call less per free
+        self._policy = self.offsets.allocate
+        self.free = self.offsets.free  # free(offset) -> size
         self.reuse = self.offsets.reuse  # reuse(size) -> offset of a freed, backed block of that size, or None
         self._segs: Dict[int, Segment] = {}   # offset -> segment
         self._seg_starts = SortedInts()       # their offsets, for lookups by bisection

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from ..allocators.offsets import round_up
-from ..errors import IrisError
+from ..errors import CollectiveError, GluonUnavailable
 from ..distributed.host_collectives import group_ranks
 from .launch import Launcher
 from .config import Config, ConfigError, ReduceOp, checked
@@ -35,14 +35,6 @@ _NAMES = {"ar": "all_reduce", "ag": "all_gather", "rs": "reduce_scatter", "rst":
 _VARIANT = {"ar": ("all_reduce_variant", ("auto", "one_shot")), "ag": ("all_gather_variant", ("pull",)),
             "rs": ("reduce_scatter_variant", ("two_shot",)), "a2a": ("all_to_all_variant", ("default",))}
 _KiB, _MiB = 1 << 10, 1 << 20
-
-
-class CollectiveError(IrisError, ValueError):
-    """A collective was called with tensors it cannot take; nothing was allocated or launched."""
-
-
-class GluonUnavailable(IrisError, ImportError):
-    """Config(use_gluon=True) asked for a Gluon kernel that cannot run here."""
 
 
 class _Recent(NamedTuple):

@@ -6,17 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import Enum
 
-from ..errors import IrisError
+from ..errors import ConfigError
 
 ALL_REDUCE = ("auto", "atomic", "ring", "two_shot", "one_shot", "spinlock", "one_shot_push", "two_shot_push")
 ALL_GATHER = ("pull", "persistent", "partitioned", "ring", "tdm")
 ALL_TO_ALL = ("default", "tdm")
 REDUCE_SCATTER = ("two_shot", "ring_chunked")
 GLUON_ONLY = "tdm"
-
-
-class ConfigError(IrisError, ValueError):
-    """A Config field holds a value the collective cannot use; the message names the field and the allowed values."""
 
 
 class ReduceOp(str, Enum):

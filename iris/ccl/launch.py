@@ -14,10 +14,11 @@ captures a graph for an argument tuple seen `CAPTURE_AFTER` times and replays it
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import torch
+
+from .. import settings
 
 try:  # Triton >= 3.3 keeps the launch hooks in knobs
     from triton import knobs as _knobs
@@ -29,7 +30,7 @@ GRAPHS = 8          # graphs kept per Launcher, least recently used dropped
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return settings.INTERPRET.get()
 
 
 def _hooked() -> bool:

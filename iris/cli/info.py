@@ -14,7 +14,8 @@ import sys
 from contextlib import ExitStack
 from importlib import metadata
 
-from ..errors import DriverError
+from .. import settings
+from ..errors import DriverError, SettingError
 from .nvml_links import nvml_links
 from ..platform import PLATFORMS, detect, get_driver
 
@@ -73,16 +74,16 @@ def _gpu_hardware() -> str | None:
 
 
 def _platform_section(r: Report):
-    forced = os.environ.get("IRIS_PLATFORM", "").strip()
     try:
         name = detect()
     except ValueError as e:
         r.data["platform"] = {"name": None, "why": str(e)}
-        r.problem(str(e), f"unset IRIS_PLATFORM, or set it to one of {', '.join(PLATFORMS)}")
+        if not isinstance(e, SettingError):  # a bad IRIS_PLATFORM is reported with the settings
+            r.problem(str(e), f"unset IRIS_PLATFORM, or set it to one of {', '.join(PLATFORMS)}")
         return None
     import torch
-    if forced:
-        why = f"forced by IRIS_PLATFORM={forced}"
+    if settings.PLATFORM.is_set():
+        why = f"forced by IRIS_PLATFORM={name}"
     elif name == "host":
         why = "torch sees no GPU (torch.cuda.is_available() is False); set IRIS_PLATFORM to force one"
         hw = _gpu_hardware()
@@ -107,7 +108,10 @@ def _driver_version(name: str) -> str:
         from hip import hip
         err, v = hip.hipDriverGetVersion()
         return f"HIP driver {v}" if err == hip.hipError_t.hipSuccess else f"unknown ({err.name})"
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    try:
+        interp = settings.INTERPRET.get()
+    except SettingError:
+        interp = False
     return (f"Linux {_platform.release()}: memfd_create + mmap; kernels in the Triton interpreter"
             + ("" if interp else " (TRITON_INTERPRET is not 1: set it, or import iris before triton)"))
 
@@ -242,7 +246,7 @@ def _memory_section(r: Report, driver) -> None:
     # a VMM-backed torch block (expandable segments) is shared by its handles, as vmem shares chunks
     expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
     torch_ok = mem["torch_ipc"] == "works" or (expandable and vmem_ok)
-    from ..experimental.nvshmem_runtime import describe as nvshmem_line
+    from ..platform.nvshmem import describe as nvshmem_line
     mem["nvshmem"] = nvshmem_line()
     mem["allocators"] = {"torch": torch_ok, "vmem": vmem_ok, "nvshmem": mem["nvshmem"].startswith("usable")}
     r.data["memory"] = mem
@@ -255,12 +259,12 @@ def _memory_section(r: Report, driver) -> None:
     if not vmem_ok:
         r.warn(f"allocator='vmem' cannot run here (VMM {mem['vmm']}; fd export {mem['fd_export']})",
                "use allocator='torch' (the default)")
-        if os.environ.get("IRIS_ALLOCATOR") == "vmem":
+        if settings.ALLOCATOR.get() == "vmem":
             r.problem("IRIS_ALLOCATOR=vmem but VMM does not work here", "unset IRIS_ALLOCATOR or set it to torch")
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if not torch_ok:
         why = f"IPC {mem['torch_ipc']}"
-        if os.environ.get("IRIS_ALLOCATOR") == "torch":
+        if settings.ALLOCATOR.get() == "torch":
             r.problem(f"IRIS_ALLOCATOR=torch but the torch allocator cannot share memory here: {why}",
                       "export IRIS_ALLOCATOR=vmem")
         else:  # the code may well ask for vmem; say what the default would do
@@ -283,26 +287,19 @@ def _libraries_section(r: Report) -> None:
 
 
 def _environment_section(r: Report) -> None:
-    keys = ("IRIS_PLATFORM", "IRIS_ALLOCATOR", "IRIS_TIMEOUT", "IRIS_CHECK_SYMMETRY", "TRITON_INTERPRET",
-            "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    keys = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
     r.data["environment"] = {k: os.environ[k] for k in keys if k in os.environ}
+    r.data["settings"] = settings.describe()
+    for row in r.data["settings"]:
+        if "error" in row:
+            r.problem(row["error"], f"unset {row['name']} or give it a value the message names")
     from ..allocators import ALLOCATORS
-    name = os.environ.get("IRIS_ALLOCATOR")
+    try:
+        name = settings.ALLOCATOR.get()
+    except SettingError:
+        name = None
     if name and name not in ALLOCATORS:
         r.problem(f"IRIS_ALLOCATOR={name!r} is not an allocator", f"set it to one of {sorted(ALLOCATORS)} or unset it")
-    timeout = os.environ.get("IRIS_TIMEOUT")
-    if timeout is not None:
-        try:
-            ok = float(timeout) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            r.problem(f"IRIS_TIMEOUT={timeout!r} is not a positive number of seconds", "e.g. export IRIS_TIMEOUT=120")
-    from ..heap.symmetry import mode_from_env
-    try:
-        mode_from_env()
-    except ValueError as e:
-        r.problem(str(e), "unset IRIS_CHECK_SYMMETRY or set it to off, cheap or full")
 
 
 def collect() -> dict:
@@ -350,7 +347,7 @@ def render(info: dict) -> str:
         row("torch IPC", mem["torch_ipc"])
         row("nvshmem", mem.get("nvshmem", "-"))
         row("allocators", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in mem["allocators"].items())
-            + f" (default torch; IRIS_ALLOCATOR={os.environ.get('IRIS_ALLOCATOR', 'unset')})")
+            + f" (default torch; IRIS_ALLOCATOR={settings.ALLOCATOR.get() or 'unset'})")
     libs = info.get("libraries", {})
     row("libraries", ", ".join(f"{k} {v}" for k, v in libs.items() if v))
     missing = [k for k, v in libs.items() if not v]
@@ -359,6 +356,9 @@ def render(info: dict) -> str:
     env = info.get("environment")
     if env:
         row("environment", " ".join(f"{k}={v}" for k, v in env.items()))
+    for i, s in enumerate(info.get("settings", ())):
+        value = f"{s['name']}={s['set']}" if s["set"] is not None else f"{s['name']} unset (default {s['default']})"
+        row("settings" if i == 0 else "", f"{value}: {s['meaning']}")
     if "launch" in info:
         row("launch", info["launch"])
     for w in info["warnings"]:

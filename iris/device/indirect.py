@@ -20,16 +20,16 @@ Ordering: sem release/acq_rel (the default) completes the program's earlier NVSH
 before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
 barrier of the program's threads); NVSHMEM's fetching atomics complete before they return.
 """
-import os
 import sys
 
 import triton
 import triton.language as tl
 
+from .. import settings
 from . import nvshmem as nv
 from .translate import _translate
 
-INDIRECT_PEERS: tl.constexpr = tl.constexpr(os.environ.get("IRIS_INDIRECT_PEERS", "").strip() not in ("", "none"))
+INDIRECT_PEERS: tl.constexpr = tl.constexpr(bool(settings.INDIRECT_PEERS.get()))
 # cycles: rma and sync import INDIRECT_PEERS from here; every module is complete before any kernel compiles
 from . import rma as _rma  # noqa: E402
 from . import sync as _sync  # noqa: E402

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 from triton.language import core
 
-from ..errors import IrisError
+from .. import settings
+from ..errors import NvshmemUnavailable
 
 _HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvshmem_helpers.ll")
 _STATE_SYMBOL = b"nvshmemi_device_state_d"  # the device state every NVSHMEM call reads; cumodule_init sets it
@@ -39,15 +40,11 @@ AMO_FETCH: tl.constexpr = tl.constexpr(6)
 _enabled = None  # (bitcode path, previous stages hook) once enable() ran
 
 
-class NvshmemUnavailable(IrisError, RuntimeError):
-    """NVSHMEM's device library or nvshmem4py is missing where a peer needs it."""
-
-
 def bitcode_path(arch: int | None = None) -> str:
     """NVSHMEM's device bitcode for compute capability arch (e.g. 90): IRIS_NVSHMEM_BITCODE, else
     the nvidia-nvshmem-cu13 package (libnvshmem_device_sm_<arch>.bc, then libnvshmem_device.bc)."""
-    if os.environ.get("IRIS_NVSHMEM_BITCODE"):
-        path = os.environ["IRIS_NVSHMEM_BITCODE"]
+    path = settings.NVSHMEM_BITCODE.get()
+    if path:
         if not os.path.isfile(path):
             raise NvshmemUnavailable(f"IRIS_NVSHMEM_BITCODE={path} is not a file; point it at libnvshmem_device.bc")
         return path

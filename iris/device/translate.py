@@ -12,8 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-DEBUG: tl.constexpr = tl.constexpr(os.environ.get("IRIS_DEBUG", "0").strip() not in ("", "0"))
-_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+from .. import settings
+
+DEBUG: tl.constexpr = tl.constexpr(settings.DEBUG.get())
+_INTERPRETED: tl.constexpr = tl.constexpr(settings.INTERPRET.get())
 MAGIC: tl.constexpr = tl.constexpr(0x1215DEB6)
 HIDDEN = 4  # MAGIC, heap size, rank, world: at heap_bases[-4] .. [-1]
 if DEBUG:  # device_assert is compiled in only when Triton debugs; it reads TRITON_DEBUG once, at import

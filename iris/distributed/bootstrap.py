@@ -17,10 +17,11 @@ import tempfile
 import time
 from datetime import timedelta
 
+from .. import settings
 from ..errors import BootstrapError
 from .group import Group, hostname, tcp_listener
 
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT = settings.TIMEOUT.default
 # One rendezvous per job, reused by every group formation: a rank that gave up on one formation
 # (a timeout, a failure before it connected) meets the others at the next, whatever each rank's
 # history. Formations never overlap: each is collective and closes its listener before it returns.
@@ -45,20 +46,21 @@ def private_dir() -> str:
 
 def timeout_from_env(timeout: float | None) -> float:
     from ..validate import timeout_seconds
-    return timeout_seconds(timeout, os.environ.get("IRIS_TIMEOUT"), DEFAULT_TIMEOUT)
+    return timeout_seconds(settings.TIMEOUT.get() if timeout is None else timeout)
 
 
 def _from_launcher(timeout):
-    rank, world = int(os.environ["IRIS_RANK"]), int(os.environ["IRIS_WORLD_SIZE"])
-    path = os.path.join(os.environ["IRIS_SOCKET_DIR"], _SOCKET)
-    return Group(rank, world, path, os.environ["IRIS_JOB_SECRET"], timeout)
+    rank, world = settings.RANK.get(), settings.WORLD_SIZE.get()
+    path = os.path.join(settings.SOCKET_DIR.get(), _SOCKET)
+    return Group(rank, world, path, settings.JOB_SECRET.get(), timeout)
 
 
 def _advertised_address() -> str:
     """An address of this host that the other hosts can reach: IRIS_ADDR, else the one this host
     routes MASTER_ADDR through (no packet is sent), else what the host name resolves to."""
-    if os.environ.get("IRIS_ADDR"):
-        return os.environ["IRIS_ADDR"]
+    address = settings.ADDR.get()
+    if address:
+        return address
     master = os.environ.get("MASTER_ADDR")
     if master:
         try:
@@ -80,7 +82,7 @@ def _new_rendezvous(hosts) -> dict:
     if len(set(hosts)) == 1:
         info["path"] = os.path.join(private_dir(), _SOCKET)
     else:
-        _listener = tcp_listener((_advertised_address(), int(os.environ.get("IRIS_PORT", "0"))))
+        _listener = tcp_listener((_advertised_address(), settings.PORT.get()))
         info["tcp"] = list(_listener.getsockname()[:2])
     return info
 
@@ -171,7 +173,7 @@ def _mpi_env() -> bool:
 def connect(timeout: float | None = None) -> Group:
     """Form the Group of this job's ranks. Collective: all ranks."""
     timeout = timeout_from_env(timeout)
-    if "IRIS_SOCKET_DIR" in os.environ:
+    if settings.SOCKET_DIR.is_set():
         return _from_launcher(timeout)
     try:
         import torch.distributed as dist

@@ -21,6 +21,7 @@ import struct
 import time
 from typing import Any, List, Sequence, Tuple
 
+from .. import settings
 from ..errors import BootstrapError, SpansHostsError, SymmetryError
 
 _HEADER = struct.Struct("!QI")
@@ -35,7 +36,7 @@ HANDSHAKE_S = 5.0        # how long one connecting client may take to prove itse
 def hostname() -> str:
     """This rank's host as peers compare it; IRIS_HOSTNAME stands in for it (tests give the ranks of
     one machine different hosts)."""
-    return os.environ.get("IRIS_HOSTNAME") or socket.gethostname()
+    return settings.HOSTNAME.get() or socket.gethostname()
 
 
 def _mac(secret: str, *parts: bytes) -> bytes:

@@ -19,6 +19,7 @@ import time
 import traceback
 from typing import Callable, List, Sequence
 
+from .. import settings
 from ..errors import BootstrapError
 from .bootstrap import job_secret
 
@@ -36,14 +37,14 @@ def torch_port() -> str:
 def job_env(rank: int, world: int, socket_dir: str, secret: str, port: str = "") -> dict:
     """A rank's environment: iris's own variables, and torch.distributed's env:// ones (one host), so
     `dist.init_process_group(...)` needs no arguments under this launcher as under torchrun."""
-    env = {"IRIS_RANK": str(rank), "IRIS_WORLD_SIZE": str(world), "IRIS_LOCAL_RANK": str(rank),
-           "IRIS_SOCKET_DIR": socket_dir, "IRIS_JOB_SECRET": secret}
+    env = {settings.RANK.name: str(rank), settings.WORLD_SIZE.name: str(world), settings.LOCAL_RANK.name: str(rank),
+           settings.SOCKET_DIR.name: socket_dir, settings.JOB_SECRET.name: secret}
     if port:
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR=os.environ.get("MASTER_ADDR") or "127.0.0.1", MASTER_PORT=port)
     from ..platform import detect
-    if detect() == "host":
-        env.setdefault("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+    if detect() == "host" and not settings.INTERPRET.is_set():  # the interpreter, unless the caller says otherwise
+        env[settings.INTERPRET.name] = "1"
     return env
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..heap.views import tensor_at
-from . import nvshmem_runtime as runtime
+from ..platform import nvshmem as runtime
 from .symmetric_memory import SymmetricAddressMap, address_map
 
 __all__ = ["NvshmemProvider", "SymmetricAddressMap"]

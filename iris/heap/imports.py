@@ -201,8 +201,9 @@ class Imports:
                     while taken[0] < steps:  # a peer may still report a failure in a later step
                         self._take_step(stream, wanted, received, taken, step)
                     clock.lap("wait for peers")
-                    # every peer fd is imported: close them (7-10 ms for 410 on an H200 host) while the
-                    # driver sets access (cuda-bindings releases the GIL in driver calls)
+                    # every peer fd is imported: close them on a thread while the driver sets access
+                    # (cuda-bindings releases the GIL in driver calls; benchmarks/import_weights.py's
+                    # `close fds` phase, docs/performance.md)
                     fds, received = [fd for p in received for fd in received[p].values()], {}
                     closer = threading.Thread(target=close_fds, args=(fds,), name="iris-close-fds")
                     closer.start()

@@ -7,25 +7,20 @@ stores could reach, so that one host tests it; only allocator='nvshmem' can reac
 """
 from __future__ import annotations
 
-import os
-
-from ..errors import IrisError
+from .. import settings
+from ..errors import SettingError
 
 
 def forced(world: int, setting: str | None = None) -> frozenset:
-    """The ranks IRIS_INDIRECT_PEERS (or setting) names; a clear error for anything else."""
-    text = (os.environ.get("IRIS_INDIRECT_PEERS", "") if setting is None else setting).strip().lower()
-    if text in ("", "none"):
-        return frozenset()
-    if text == "all":
+    """The ranks IRIS_INDIRECT_PEERS (or setting, text as the variable would hold) names; a clear
+    error for anything else."""
+    peers = settings.INDIRECT_PEERS
+    ranks = peers.get() if setting is None else peers.value_of(setting)
+    if ranks == "all":
         return frozenset(range(world))
-    try:
-        ranks = frozenset(int(part) for part in text.split(","))
-    except ValueError:
-        ranks = None
-    if ranks is None or not all(0 <= r < world for r in ranks):
-        raise IrisError(f"IRIS_INDIRECT_PEERS={text!r}: use 'all', 'none' or ranks in [0, {world}) separated by "
-                        "commas, e.g. '1,3'")
+    if not all(0 <= r < world for r in ranks):
+        raise SettingError(f"{peers.name}={','.join(map(str, sorted(ranks)))!r}: use 'all', 'none' or ranks in "
+                           f"[0, {world}) separated by commas, e.g. '1,3'")
     return ranks
 
 

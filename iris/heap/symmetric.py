@@ -48,7 +48,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
         self._may_grow = _not_capturing if self._capturable else always  # no bound method per call
         self._view = tensor_maker(device, carrier=True)  # Owner has the slot
-        self._reuse, self._release = allocator.reuse, allocator.free  # bound once: the usual path's calls
+        self._reuse, self._release = allocator.reuse, allocator.free
         with ExitStack() as undo:
             if allocator.vmm:
                 for p in self.peers:

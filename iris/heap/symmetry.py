@@ -7,19 +7,14 @@ divergent request is refused before any rank acts on it.
 from __future__ import annotations
 
 import hashlib
-import os
 from array import array
 
+from .. import settings
 from ..errors import SymmetryError
-
-MODES = ("off", "cheap", "full")
 
 
 def mode_from_env() -> str:
-    mode = os.environ.get("IRIS_CHECK_SYMMETRY", "cheap").strip().lower()
-    if mode not in MODES:
-        raise ValueError(f"IRIS_CHECK_SYMMETRY={mode!r} is not a mode; use one of {', '.join(MODES)}")
-    return mode
+    return settings.CHECK_SYMMETRY.get()
 
 
 def _ignore(call) -> None:

@@ -9,19 +9,19 @@ its transpose's descriptor and flipped in registers (tl.trans), which wgmma cons
 from __future__ import annotations
 
 import inspect
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import settings
 from ..ccl.launch import Launcher
 from .config import FusedConfig
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_BYTES = 200 * 1024  # shared memory the pipeline's stages may take (H100/H200 have 227 KiB per block)
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+_INTERPRETED = tl.constexpr(settings.INTERPRET.get())
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def _matmul_kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.conste
 
 
 def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return settings.INTERPRET.get()
 
 
 def tma_ok(*ts: torch.Tensor) -> bool:

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
+from .. import settings
+from ..settings import PLATFORMS
 from .driver import Driver, IpcHandle
-
-PLATFORMS = ("cuda", "hip", "host")
 
 
 def _torch_built_for_gpus() -> bool:
@@ -33,10 +32,8 @@ def _torch_built_for_gpus() -> bool:
 
 def detect() -> str:
     """The platform this machine supports, without touching any GPU runtime we cannot load."""
-    forced = os.environ.get("IRIS_PLATFORM", "").strip().lower()
+    forced = settings.PLATFORM.get()
     if forced:
-        if forced not in PLATFORMS:
-            raise ValueError(f"IRIS_PLATFORM={forced!r} is not a platform; use one of {', '.join(PLATFORMS)}")
         return forced
     if "torch" not in sys.modules and not _torch_built_for_gpus():
         return "host"

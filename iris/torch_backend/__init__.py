@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
-import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
 NAME = "iris"
-DEFAULT_HEAP_SIZE = 1 << 30
-_UNITS = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
 @dataclass
@@ -43,15 +38,10 @@ class Options:
     mailbox_bytes: int = 1 << 20
 
 
-def heap_size_setting(default: int = DEFAULT_HEAP_SIZE) -> int:
-    """IRIS_HEAP_SIZE in bytes: an integer with an optional unit (K, M, G; KiB, MiB, GiB), else default."""
-    raw = os.environ.get("IRIS_HEAP_SIZE", "").strip()
-    if not raw:
-        return default
-    m = re.fullmatch(r"(\d+)\s*([A-Za-z]*)", raw)
-    if m is None or m[2].lower() not in _UNITS or int(m[1]) <= 0:
-        raise ValueError(f"IRIS_HEAP_SIZE={raw!r} is not a size; give bytes, e.g. IRIS_HEAP_SIZE=1073741824 or 1G")
-    return int(m[1]) * _UNITS[m[2].lower()]
+def heap_size_setting() -> int:
+    """IRIS_HEAP_SIZE in bytes (iris.settings.HEAP_SIZE: a number with an optional unit, default 1 GiB)."""
+    from .. import settings
+    return settings.HEAP_SIZE.get()
 
 
 def _create(dist_options, options):

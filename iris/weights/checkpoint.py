@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
 
-from ..errors import IrisError
+from ..errors import CheckpointError
 
 # safetensors dtype names -> torch dtypes, for those this torch has (uint16..64 and the float8s
 # are recent); F4 (two values per byte) has no element-per-shape-entry layout and is left out
@@ -28,10 +28,6 @@ _DTYPES = {name: getattr(torch, attr) for name, attr in (
     ("F8_E8M0", "float8_e8m0fnu")) if hasattr(torch, attr)}
 
 _MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
-
-
-class CheckpointError(IrisError, ValueError):
-    """A checkpoint file is missing, malformed or truncated; names the file and the fix."""
 
 
 @dataclass(frozen=True)

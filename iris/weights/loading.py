@@ -15,12 +15,8 @@ from typing import Dict, List, Sequence
 import numpy as np
 import torch
 
-from ..errors import IrisError
+from ..errors import ReadError
 from .read_plan import Read
-
-
-class ReadError(IrisError, OSError):
-    """A checkpoint file could not be read as planned (it changed or shrank after its header was read)."""
 
 
 def _memory(ptr: int, nbytes: int) -> memoryview:
