@@ -91,6 +91,11 @@ def _refuse(call, why):
     return RuntimeError(f"{call} on the {NAME!r} backend: {why}")
 
 
+def _like(buf, t):
+    """The first t.nbytes bytes of buf (a uint8 view of the heap) seen as a tensor of t's dtype and shape."""
+    return buf[:t.nbytes].view(t.dtype).view(t.shape)
+
+
 def _cls(nbytes: int) -> int:
     return max(_MIN_CLASS, 1 << (max(nbytes, 1) - 1).bit_length())
 
@@ -226,9 +231,8 @@ class IrisGroup(dist.ProcessGroup):
         if not self._on_ccl(op, t):
             self._reduced_by_gather(t, op, call)
             return
-        if self._direct(t):
-            flat = t.view(-1)
-            self.ctx.ccl.all_reduce(flat, flat, op=_ON_CCL[op], group=self._ccl_group)
+        if self._direct(t):  # any shape: a new view per call would defeat ctx.ccl's repeat-call fast path
+            self.ctx.ccl.all_reduce(t, t, op=_ON_CCL[op], group=self._ccl_group)
         else:
             (s,) = self._stage(call, _cls(t.nbytes))
             s = s.view(t.dtype)
@@ -241,7 +245,7 @@ class IrisGroup(dist.ProcessGroup):
     def _reduced_by_gather(self, t, op, call):
         """t = op over every member's t, combined in rank order here from an all_gather of the bytes."""
         rows = self._gathered_bytes(t, call)
-        parts = [r[:t.nbytes].view(t.dtype).view(t.shape) for r in rows]
+        parts = [_like(r, t) for r in rows]
         t.copy_(functools.reduce(_LOCAL[op], parts))
         if op == "avg":
             t.div_(self.size())
@@ -250,7 +254,7 @@ class IrisGroup(dist.ProcessGroup):
         """Every member's bytes of t, one size-class row each (views of the staging area)."""
         c, w = _cls(t.nbytes), self.size()
         s_in, s_out = self._stage(call, c, w * c)
-        s_in[:t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+        _like(s_in, t).copy_(t)
         self.ctx.ccl.all_gather(s_out.view(torch.int32), s_in.view(torch.int32), group=self._ccl_group)
         return s_out.view(w, c)
 
@@ -262,7 +266,7 @@ class IrisGroup(dist.ProcessGroup):
                 raise _refuse("all_gather", f"needs {self.size()} output tensors, got {len(outs)}")
             rows = self._gathered_bytes(t, "all_gather")
             for o, r in zip(outs, rows):
-                o.copy_(r[:t.nbytes].view(t.dtype).view(t.shape))
+                o.copy_(_like(r, t))
         return self._work(output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
@@ -297,7 +301,7 @@ class IrisGroup(dist.ProcessGroup):
         for i, t in enumerate(inputs):
             rows = self._gathered_bytes(t, "all_gather_coalesced")
             for outs, r in zip(output_lists, rows):
-                outs[i].copy_(r[:t.nbytes].view(t.dtype).view(outs[i].shape))
+                outs[i].copy_(_like(r, t).view(outs[i].shape))
         return self._work(output_lists)
 
     # -- reduce_scatter ----------------------------------------------------
@@ -411,12 +415,12 @@ class IrisGroup(dist.ProcessGroup):
         rows_in, rows_out = s_in.view(w, c), s_out.view(w, c)
         for r, t in enumerate(ins):
             if t.numel():
-                rows_in[r, :t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+                _like(rows_in[r], t).copy_(t)
         self.ctx.ccl.all_to_all(s_out.view(torch.int32).view(1, -1), s_in.view(torch.int32).view(1, -1),
                                 group=self._ccl_group)
         for r, t in enumerate(outs):
             if t.numel():
-                t.copy_(rows_out[r, :t.nbytes].view(t.dtype).view(t.shape))
+                t.copy_(_like(rows_out[r], t))
 
     # -- rooted --------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -431,11 +435,11 @@ class IrisGroup(dist.ProcessGroup):
                 continue
             (s,) = self._stage("broadcast", _cls(t.nbytes))
             if self.rank() == opts.rootRank:
-                s[:t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+                _like(s, t).copy_(t)
             w = s.view(torch.int32)
             self.ctx.ccl.broadcast(w, w, src=src, group=self._ccl_group)
             if self.rank() != opts.rootRank:
-                t.copy_(s[:t.nbytes].view(t.dtype).view(t.shape))
+                t.copy_(_like(s, t))
         return self._work(tensors)
 
     def reduce(self, tensors, opts=None):
@@ -461,36 +465,38 @@ class IrisGroup(dist.ProcessGroup):
                     t.div_(self.size())
         return self._work(tensors)
 
+    def _root_list(self, call, lists, root, what) -> None:
+        if self.rank() == root and (len(lists) != 1 or len(lists[0]) != self.size()):
+            raise _refuse(call, f"the root needs one list of {self.size()} {what} tensors")
+
     def gather(self, output_tensors, input_tensors, opts=None):
         self._flush()
         call, w, root = "gather", self.size(), opts.rootRank
         (t,) = input_tensors
-        if self.rank() == root and (len(output_tensors) != 1 or len(output_tensors[0]) != w):
-            raise _refuse(call, f"the root needs one list of {w} output tensors")
+        self._root_list(call, output_tensors, root, "output")
         if t.numel():
             c = _cls(t.nbytes)
             s_in, s_out = self._stage(call, c, w * c)
-            s_in[:t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+            _like(s_in, t).copy_(t)
             self.ctx.ccl.gather(s_out.view(torch.int32), s_in.view(torch.int32), dst=root, group=self._ccl_group)
             if self.rank() == root:
                 for o, r in zip(output_tensors[0], s_out.view(w, c)):
-                    o.copy_(r[:t.nbytes].view(t.dtype).view(o.shape))
+                    o.copy_(_like(r, t).view(o.shape))
         return self._work(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         self._flush()
         call, w, root = "scatter", self.size(), opts.rootRank
         (t,) = output_tensors
-        if self.rank() == root and (len(input_tensors) != 1 or len(input_tensors[0]) != w):
-            raise _refuse(call, f"the root needs one list of {w} input tensors")
+        self._root_list(call, input_tensors, root, "input")
         if t.numel():
             c = _cls(t.nbytes)
             s_in, s_out = self._stage(call, w * c, c)
             if self.rank() == root:
                 for i, r in zip(input_tensors[0], s_in.view(w, c)):
-                    r[:t.nbytes].view(t.dtype).view(t.shape).copy_(i)
+                    _like(r, t).copy_(i)
             self.ctx.ccl.scatter(s_out.view(torch.int32), s_in.view(torch.int32), src=root, group=self._ccl_group)
-            t.copy_(s_out[:t.nbytes].view(t.dtype).view(t.shape))
+            t.copy_(_like(s_out, t))
         return self._work(output_tensors)
 
     # -- point to point ------------------------------------------------------
@@ -531,7 +537,7 @@ class IrisGroup(dist.ProcessGroup):
                 words, copy = t.view(-1).view(torch.int32), None
             else:
                 words = torch.empty(-(-t.nbytes // 4), dtype=torch.int32, device=self._device)
-                copy = words.view(torch.uint8)[:t.nbytes].view(t.dtype).view(t.shape)
+                copy = _like(words.view(torch.uint8), t)
                 if sending:
                     copy.copy_(t)
             jobs.append((sending, t, peer, words, copy))
