@@ -177,6 +177,12 @@ class IrisGroup(dist.ProcessGroup):
         p = t.data_ptr()
         return t.is_contiguous() and self._lo <= p and p + t.nbytes <= self._hi and t.device == self._device
 
+    def _each(self, call, outputs, inputs, opts):
+        """A coalesced form: call(output, input, opts) per pair, in order."""
+        for o, i in zip(outputs, inputs):
+            call(o, i, opts)
+        return self._work(outputs)
+
     def _stage(self, call, *sizes):
         """Consecutive byte views of the staging area, each of the given size (size-class multiples)."""
         area = self._shared.staging
@@ -286,10 +292,7 @@ class IrisGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        self._flush()
-        for o, i in zip(outputs, inputs):
-            self.all_gather_single(o, i, opts)
-        return self._work(outputs)
+        return self._each(self.all_gather_single, outputs, inputs, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -348,10 +351,7 @@ class IrisGroup(dist.ProcessGroup):
         return self._work(output_tensors)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        self._flush()
-        for o, i in zip(outputs, inputs):
-            self.reduce_scatter_single(o, i, opts)
-        return self._work(outputs)
+        return self._each(self.reduce_scatter_single, outputs, inputs, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
