@@ -8,7 +8,9 @@ Rows per (op, bytes): "iris_heap" dist.X on heap tensors (zero copy), "iris_plai
 tensors (through the staging area), "ccl" ctx.ccl's call on the same heap tensors, "nccl" and
 "gloo" dist.X on groups of those backends. A time is the median over samples of (calls back-to-back,
 timed by CUDA events on a GPU, by the host clock here) / calls, the slowest rank's; "graph" replays
-the calls captured in one CUDA graph (iris and NCCL only). overhead_us = iris_heap - ccl per call.
+the calls captured in one CUDA graph (iris and NCCL only). overhead_us = iris_heap - ccl per call;
+backend_host_us: host time per dist.X call on heap tensors outside ctx.ccl's call (torch's dispatch
+and the backend), timed around ctx.ccl's method, meaningful on the host too.
 NCCL runs only where every rank has its own GPU (it refuses two ranks on one GPU); the JSON says why
 a row is missing. Sizes: all_reduce, broadcast, all_to_all: the tensor; all_gather: one rank's input;
 reduce_scatter: one rank's output.
@@ -16,6 +18,7 @@ reduce_scatter: one rank's output.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -65,6 +68,38 @@ def _ccl_call(ctx, op, out, inp):
     if op == "all_to_all":
         return lambda: ccl.all_to_all(out.view(1, -1), inp.view(1, -1))
     return lambda: ccl.broadcast(inp, inp, src=0)
+
+
+_CCL_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+              "all_to_all": "all_to_all", "broadcast": "broadcast"}
+
+
+def backend_host_us(ctx, op, fn, calls) -> float:
+    """Host microseconds per dist.X call spent outside ctx.ccl's own call (torch's dispatch and the
+    backend): the whole call's time less the time inside ctx.ccl's method, timed around it."""
+    name = _CCL_NAMES[op]
+    method, inside = getattr(ctx.ccl, name), [0.0]
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            inside[0] += time.perf_counter() - t0
+
+    fn()
+    setattr(ctx.ccl, name, timed)  # an instance attribute over the method, for these calls only
+    gc.collect()
+    gc.disable()  # a collection of the kernels' garbage would land on whichever side it falls
+    try:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        total = time.perf_counter() - t0
+    finally:
+        gc.enable()
+        delattr(ctx.ccl, name)
+    return (total - inside[0]) / calls * 1e6
 
 
 class Timer:
@@ -170,6 +205,7 @@ def main(argv=None) -> int:
                 row[f"{name}_eager_us"] = slowest(timer.eager(fn) * 1e6, gloo)
                 g = timer.graph(fn)
                 row[f"{name}_graph_us"] = slowest(g * 1e6, gloo) if g is not None else None
+            row["backend_host_us"] = slowest(backend_host_us(ctx, op, calls["iris_heap"], timer.calls * 5), gloo)
             c_in, c_out = torch.ones(n_in), torch.empty(n_out)
             row["gloo_eager_us"] = slowest(cpu_timer.eager(_dist_call(op, c_out, c_in, gloo)) * 1e6, gloo)
             for mode in ("eager", "graph"):

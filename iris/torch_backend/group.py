@@ -11,6 +11,7 @@ heap allocation is collective over the whole context, and a sub-group's call run
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 
 import torch
@@ -24,8 +25,9 @@ from . import NAME, Options, heap_size_setting
 _CCL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)  # ctx.ccl reduces these
 _MIN_CLASS = 4096  # bytes: the smallest staging size class
 _R = dist.ReduceOp.RedOpType
-_OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.MAX: "max", _R.MIN: "min", _R.PRODUCT: "product", _R.BAND: "band",
-        _R.BOR: "bor", _R.BXOR: "bxor"}
+# keyed by the enum's int value: hashing torch's enum object costs a microsecond per call
+_OPS = {_R.SUM.value: "sum", _R.AVG.value: "avg", _R.MAX.value: "max", _R.MIN.value: "min", _R.PRODUCT.value: "product",
+        _R.BAND.value: "band", _R.BOR.value: "bor", _R.BXOR.value: "bxor"}
 _ON_CCL = {"sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
 # ops reduced here, in rank order, over every rank's gathered input (ctx.ccl has no kernel for them)
 _LOCAL = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul,
@@ -104,9 +106,9 @@ class _Work(dist.Work):
     """A call already queued on `stream`: wait() makes the current stream wait for it (and the host,
     for a barrier); the future holds the call's tensors."""
 
-    def __init__(self, result, stream=None, block=False, flush=None):
+    def __init__(self):
         super().__init__()
-        self.result, self.stream, self.block, self.flush = result, stream, block, flush
+        self.result, self.stream, self.block, self.flush = [], None, False, None
 
     def wait(self, timeout=None):
         if self.flush is not None:
@@ -140,6 +142,8 @@ class IrisGroup(dist.ProcessGroup):
 
     def __init__(self, ctx, shared, rank, size, ranks, name):
         super().__init__(rank, size)
+        # rank() and size() go through torch's C++ trampoline, which looks for Python overrides each call
+        self._r, self._w = rank, size
         self.ctx, self._shared, self._name = ctx, shared, name
         index = {g: i for i, g in enumerate(shared.global_ranks)}
         members = [index[g] for g in ranks]  # the members as the context's ranks
@@ -150,6 +154,7 @@ class IrisGroup(dist.ProcessGroup):
         self._hi = self._lo + ctx.heap.size
         self._cuda = self._device.type == "cuda"
         self._queued = []  # sends not yet made (see _p2p)
+        self._spare = None  # the last Work handed out (see _work)
 
     # -- identity --------------------------------------------------------
     def getBackendName(self):
@@ -166,11 +171,18 @@ class IrisGroup(dist.ProcessGroup):
         return self._name
 
     def __repr__(self):
-        return f"IrisGroup(rank {self.rank()} of {self.size()}, context ranks {self._members})"
+        return f"IrisGroup(rank {self._r} of {self._w}, context ranks {self._members})"
 
     # -- helpers ---------------------------------------------------------
     def _work(self, result, block=False, flush=None):
-        return _Work(result, torch.cuda.current_stream(self._device) if self._cuda else None, block, flush)
+        """The call's Work. Making one through torch's binding costs microseconds, so the last one is
+        reused once nobody holds it any more (torch drops it when a call without async_op returns)."""
+        w = self._spare
+        if w is None or sys.getrefcount(w) > 3:  # 3: this attribute, w, getrefcount's argument
+            w = self._spare = _Work()
+        w.result, w.block, w.flush = result, block, flush
+        w.stream = torch.cuda.current_stream(self._device) if self._cuda else None
+        return w
 
     def _direct(self, t) -> bool:
         """Whether ctx.ccl can take t as it is: contiguous, on this rank's heap."""
@@ -202,7 +214,7 @@ class IrisGroup(dist.ProcessGroup):
     @staticmethod
     def _op(call, reduce_op) -> str:
         kind = getattr(reduce_op, "op", reduce_op)
-        name = _OPS.get(kind)
+        name = _OPS.get(getattr(kind, "value", None))
         if name is None:
             raise _refuse(call, f"reduce op {reduce_op} is not supported; use SUM, AVG, MAX, MIN, PRODUCT, BAND, "
                                 "BOR or BXOR")
@@ -232,7 +244,7 @@ class IrisGroup(dist.ProcessGroup):
 
     def _all_reduce(self, t, op, call="all_reduce"):
         self._check_op(call, op, t)
-        if t.numel() == 0 or self.size() == 1:
+        if t.numel() == 0 or self._w == 1:
             return
         if not self._on_ccl(op, t):
             self._reduced_by_gather(t, op, call)
@@ -246,7 +258,7 @@ class IrisGroup(dist.ProcessGroup):
             self.ctx.ccl.all_reduce(s, s, op=_ON_CCL[op], group=self._ccl_group)
             t.copy_(s[:t.numel()].view(t.shape))
         if op == "avg":
-            t.div_(self.size())
+            t.div_(self._w)
 
     def _reduced_by_gather(self, t, op, call):
         """t = op over every member's t, combined in rank order here from an all_gather of the bytes."""
@@ -254,11 +266,11 @@ class IrisGroup(dist.ProcessGroup):
         parts = [_like(r, t) for r in rows]
         t.copy_(functools.reduce(_LOCAL[op], parts))
         if op == "avg":
-            t.div_(self.size())
+            t.div_(self._w)
 
     def _gathered_bytes(self, t, call):
         """Every member's bytes of t, one size-class row each (views of the staging area)."""
-        c, w = _cls(t.nbytes), self.size()
+        c, w = _cls(t.nbytes), self._w
         s_in, s_out = self._stage(call, c, w * c)
         _like(s_in, t).copy_(t)
         self.ctx.ccl.all_gather(s_out.view(torch.int32), s_in.view(torch.int32), group=self._ccl_group)
@@ -268,8 +280,8 @@ class IrisGroup(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         self._flush()
         for outs, t in zip(output_tensors, input_tensors):
-            if len(outs) != self.size():
-                raise _refuse("all_gather", f"needs {self.size()} output tensors, got {len(outs)}")
+            if len(outs) != self._w:
+                raise _refuse("all_gather", f"needs {self._w} output tensors, got {len(outs)}")
             rows = self._gathered_bytes(t, "all_gather")
             for o, r in zip(outs, rows):
                 o.copy_(_like(r, t))
@@ -277,7 +289,7 @@ class IrisGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         self._flush()
-        w = self.size()
+        w = self._w
         if output.numel() != w * input.numel() or output.dtype != input.dtype:
             raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {input.numel()} elements of "
                                                     f"{input.dtype}; got {output.numel()} of {output.dtype}")
@@ -299,8 +311,8 @@ class IrisGroup(dist.ProcessGroup):
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         """output_lists[r][i] = member r's inputs[i] (torch's layout for all_gather_coalesced)."""
         self._flush()
-        if len(output_lists) != self.size():
-            raise _refuse("all_gather_coalesced", f"needs {self.size()} output lists, got {len(output_lists)}")
+        if len(output_lists) != self._w:
+            raise _refuse("all_gather_coalesced", f"needs {self._w} output lists, got {len(output_lists)}")
         for i, t in enumerate(inputs):
             rows = self._gathered_bytes(t, "all_gather_coalesced")
             for outs, r in zip(output_lists, rows):
@@ -310,7 +322,7 @@ class IrisGroup(dist.ProcessGroup):
     # -- reduce_scatter ----------------------------------------------------
     def reduce_scatter_single(self, output, input, opts=None):
         self._flush()
-        call, w = "reduce_scatter_tensor", self.size()
+        call, w = "reduce_scatter_tensor", self._w
         op = self._op(call, opts.reduceOp)
         self._check_op(call, op, output)
         n = output.numel()
@@ -324,7 +336,7 @@ class IrisGroup(dist.ProcessGroup):
         elif not self._on_ccl(op, output):
             whole = input.clone()
             self._reduced_by_gather(whole, "sum" if op == "avg" else op, call)
-            output.copy_(whole.view(w, -1)[self.rank()].view(output.shape))
+            output.copy_(whole.view(w, -1)[self._r].view(output.shape))
         elif self._direct(output) and self._direct(input):
             self.ctx.ccl.reduce_scatter(output.view(-1), input.view(-1), op=_ON_CCL[op], group=self._ccl_group)
         else:
@@ -344,8 +356,8 @@ class IrisGroup(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         self._flush()
         for o, ins in zip(output_tensors, input_tensors):
-            if len(ins) != self.size():
-                raise _refuse("reduce_scatter", f"needs {self.size()} input tensors, got {len(ins)}")
+            if len(ins) != self._w:
+                raise _refuse("reduce_scatter", f"needs {self._w} input tensors, got {len(ins)}")
             whole = torch.stack([i.reshape(o.shape) for i in ins])
             self.reduce_scatter_single(o, whole, opts)
         return self._work(output_tensors)
@@ -358,7 +370,7 @@ class IrisGroup(dist.ProcessGroup):
     # -- all_to_all --------------------------------------------------------
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         self._flush()
-        call, w = "all_to_all_single", self.size()
+        call, w = "all_to_all_single", self._w
         if output.dtype != input.dtype:
             raise _refuse(call, f"output is {output.dtype} but input is {input.dtype}; they must match")
         if not output_split_sizes and not input_split_sizes:
@@ -381,14 +393,14 @@ class IrisGroup(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         self._flush()
-        if len(output_tensors) != self.size() or len(input_tensors) != self.size():
-            raise _refuse("all_to_all", f"needs {self.size()} input and output tensors, got "
+        if len(output_tensors) != self._w or len(input_tensors) != self._w:
+            raise _refuse("all_to_all", f"needs {self._w} input and output tensors, got "
                                         f"{len(input_tensors)} and {len(output_tensors)}")
         self._exchange("all_to_all", list(input_tensors), list(output_tensors), even=False)
         return self._work(output_tensors)
 
     def _split(self, call, name, t, sizes):
-        w = self.size()
+        w = self._w
         if not sizes:
             sizes = [t.shape[0] // w] * w if t.dim() and t.shape[0] % w == 0 else None
         if sizes is None or len(sizes) != w or sum(sizes) != (t.shape[0] if t.dim() else 0):
@@ -399,7 +411,7 @@ class IrisGroup(dist.ProcessGroup):
     def _exchange(self, call, ins, outs, even):
         """outs[r] = member r's ins[me]: padded to one size class (the largest chunk any member sends, told
         by a MAX all_reduce unless every chunk has one size) and moved by ctx.ccl.all_to_all."""
-        w = self.size()
+        w = self._w
         for i, o in zip(ins, outs):
             if i.dtype != o.dtype:
                 raise _refuse(call, f"input is {i.dtype} but output is {o.dtype}; they must match")
@@ -427,18 +439,18 @@ class IrisGroup(dist.ProcessGroup):
         self._flush()
         src = self._global(opts.rootRank)
         for t in tensors:
-            if t.numel() == 0 or self.size() == 1:
+            if t.numel() == 0 or self._w == 1:
                 continue
             if self._direct(t) and t.nbytes % 4 == 0:
                 flat = t.view(-1).view(torch.int32)
                 self.ctx.ccl.broadcast(flat, flat, src=src, group=self._ccl_group)
                 continue
             (s,) = self._stage("broadcast", _cls(t.nbytes))
-            if self.rank() == opts.rootRank:
+            if self._r == opts.rootRank:
                 _like(s, t).copy_(t)
             w = s.view(torch.int32)
             self.ctx.ccl.broadcast(w, w, src=src, group=self._ccl_group)
-            if self.rank() != opts.rootRank:
+            if self._r != opts.rootRank:
                 t.copy_(_like(s, t))
         return self._work(tensors)
 
@@ -449,7 +461,7 @@ class IrisGroup(dist.ProcessGroup):
         root = opts.rootRank
         for t in tensors:
             self._check_op(call, op, t)
-            if t.numel() == 0 or self.size() == 1:
+            if t.numel() == 0 or self._w == 1:
                 continue
             if not self._on_ccl(op, t):
                 self._reduced_by_gather(t, op, call)
@@ -459,19 +471,19 @@ class IrisGroup(dist.ProcessGroup):
             s_in, s_out = s_in.view(t.dtype), s_out.view(t.dtype)
             s_in[:t.numel()].view(t.shape).copy_(t)
             self.ctx.ccl.reduce(s_out, s_in, dst=root, op=_ON_CCL[op], group=self._ccl_group)
-            if self.rank() == root:
+            if self._r == root:
                 t.copy_(s_out[:t.numel()].view(t.shape))
                 if op == "avg":
-                    t.div_(self.size())
+                    t.div_(self._w)
         return self._work(tensors)
 
     def _root_list(self, call, lists, root, what) -> None:
-        if self.rank() == root and (len(lists) != 1 or len(lists[0]) != self.size()):
-            raise _refuse(call, f"the root needs one list of {self.size()} {what} tensors")
+        if self._r == root and (len(lists) != 1 or len(lists[0]) != self._w):
+            raise _refuse(call, f"the root needs one list of {self._w} {what} tensors")
 
     def gather(self, output_tensors, input_tensors, opts=None):
         self._flush()
-        call, w, root = "gather", self.size(), opts.rootRank
+        call, w, root = "gather", self._w, opts.rootRank
         (t,) = input_tensors
         self._root_list(call, output_tensors, root, "output")
         if t.numel():
@@ -479,20 +491,20 @@ class IrisGroup(dist.ProcessGroup):
             s_in, s_out = self._stage(call, c, w * c)
             _like(s_in, t).copy_(t)
             self.ctx.ccl.gather(s_out.view(torch.int32), s_in.view(torch.int32), dst=root, group=self._ccl_group)
-            if self.rank() == root:
+            if self._r == root:
                 for o, r in zip(output_tensors[0], s_out.view(w, c)):
                     o.copy_(_like(r, t).view(o.shape))
         return self._work(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         self._flush()
-        call, w, root = "scatter", self.size(), opts.rootRank
+        call, w, root = "scatter", self._w, opts.rootRank
         (t,) = output_tensors
         self._root_list(call, input_tensors, root, "input")
         if t.numel():
             c = _cls(t.nbytes)
             s_in, s_out = self._stage(call, w * c, c)
-            if self.rank() == root:
+            if self._r == root:
                 for i, r in zip(input_tensors[0], s_in.view(w, c)):
                     _like(r, t).copy_(i)
             self.ctx.ccl.scatter(s_out.view(torch.int32), s_in.view(torch.int32), src=root, group=self._ccl_group)
@@ -529,7 +541,7 @@ class IrisGroup(dist.ProcessGroup):
         itself. A tensor that is not whole 4-byte words on this device passes through a padded copy."""
         jobs = []
         for sending, t, peer in transfers:
-            if peer == self.rank():
+            if peer == self._r:
                 raise _refuse("send" if sending else "recv", f"the peer {peer} is this rank; copy locally")
             if t.numel() == 0:
                 continue
