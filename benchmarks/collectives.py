@@ -147,7 +147,7 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
             row[f"{name}_max_abs_diff_vs_nccl"] = err
             timer.both(row, name, lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
         ctx.ccl.all_reduce(y, x)
-        row["variant_auto"] = ctx.ccl._last_ar.plan.variant
+        row["variant_auto"] = ctx.ccl.recent.plan.variant
         timer.both(row, "nccl", lambda: dist.all_reduce(y), calls)
         if symm is not None:
             try:
@@ -229,7 +229,7 @@ def host_costs(ctx, timer, gpu):
     x = torch.randn(512, device=ctx.device).to(torch.bfloat16)
     y = torch.empty_like(x)
     ctx.ccl.all_reduce(y, x)
-    plan = ctx.ccl._last_ar.plan
+    plan = ctx.ccl.recent.plan
     args = list(plan.args)
     args[0], args[1] = x, y
     calls = 2000 if gpu else 5

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import captured, sync, timed, write_result  # noqa: E402
 
 import iris  # noqa: E402
-from iris.ccl import Config, ReduceOp  # noqa: E402
+from iris.ccl import Config, ReduceOp, builders  # noqa: E402
 from iris.device import nvshmem as nv  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -111,9 +111,8 @@ def _plans(ctx, kind, out, x, direct, cfg):
 
     def build():
         if kind == "ar":
-            return ccl._plan_all_reduce(out, x, sum_, cfg)
-        return ccl._plan_puts("ag", out, x, None, sum_, cfg, whole=True) if ccl.puts else ccl._plan_pull(
-            "ag", out, x, sum_, cfg)
+            return builders.all_reduce(ccl, out, x, sum_, cfg)
+        return builders.whole(ccl, "ag", out, x, sum_, cfg)
 
     plans = {"put_indirect": build(), "put_direct": build()}
     ccl.puts = False
@@ -145,10 +144,10 @@ def ccl_rows(ctx, direct, sizes, ag_bytes, reps) -> list:
         row = {"collective": "all_reduce" if kind == "ar" else "all_gather", "bytes": nbytes}
         for how, plan in _plans(ctx, kind, out, x, direct, cfg).items():
             out.fill_(float("nan"))
-            plan(out, x)
+            plan(x, out)
             sync(dev)
             row[f"{how}_exact"] = bool(torch.equal(out, want))
-            secs = timed(dev, lambda: plan(out, x), reps=reps)
+            secs = timed(dev, lambda: plan(x, out), reps=reps)
             row[f"{how}_us"] = statistics.median(secs) * 1e6
             row[f"{how}_kernel"] = plan.fn.__name__
             for t in plan.workspace:  # the plans are outside ccl's cache: give their heap buffers back now

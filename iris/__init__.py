@@ -32,7 +32,9 @@ _DEVICE = ["atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min",
 _SOURCES = {"Iris": ".context", "iris": ".context", "DEBUG": ".logging", "ERROR": ".logging", "INFO": ".logging",
             "WARNING": ".logging", "logger": ".logging", "set_logger_level": ".logging", "do_bench": ".timing",
             "launch": ".distributed", "spawn": ".distributed", "DeviceContext": ".device.context",
-            "TraceEvent": ".tracing", **{name: ".device" for name in _DEVICE}}
+            "TraceEvent": ".tracing", "Tile": ".device.tiles", "TileView": ".device.tiles",
+            "TensorView": ".device.tiles", "make_tensor_view": ".device.tiles",
+            **{name: ".device" for name in _DEVICE}}
 
 
 def __getattr__(name):
@@ -54,7 +56,7 @@ def __dir__():
 __all__ = ["AddressMapError", "BootstrapError", "CaptureError", "CheckpointError", "CollectiveError", "ConfigError",
            "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR", "GluonUnavailable", "HeapOutOfMemory",
            "INFO", "IndirectPeerError", "Iris", "IrisError", "NvshmemUnavailable", "ProviderUnavailable", "ReadError",
-           "SettingError", "SpansHostsError", "SymmetryError", "TraceEvent", "WARNING", "atomic_add",
-           "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub", "atomic_xchg",
-           "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger", "put",
-           "set_logger_level", "signal", "spawn", "store", "translate", "wait"]
+           "SettingError", "SpansHostsError", "SymmetryError", "TensorView", "Tile", "TileView", "TraceEvent",
+           "WARNING", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",
+           "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger",
+           "make_tensor_view", "put", "set_logger_level", "signal", "spawn", "store", "translate", "wait"]

@@ -13,7 +13,6 @@ import torch
 from . import distributed, settings
 from .allocators import ALIASES, ALLOCATORS
 from .device_name import DeviceName
-from .allocators.offsets import round_up
 from .errors import IrisError
 from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .distributed.host_collectives import broadcast, covers_job
@@ -21,38 +20,12 @@ from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .device import indirect as _indirect
 from .device.translate import HIDDEN, bases_table
 from .heap import SymmetricHeap, reach
+from .heap import reserve as _reserve
+from .heap.reserve import Reserve
 from .platform import get_driver
 from .validate import ClosedHeap, heap_tensor, plain_request, request
 
-ALIGN = 256
 _STRIDED, _CONTIGUOUS = torch.strided, torch.contiguous_format  # the factories' defaults, looked up once
-GROUP_PROGRAMS = 128  # most programs of a group collective: each has a counter per source rank in the reserve
-PUT_PROGRAMS = 4  # most programs of a put-based call that receives into the reserve (groups, rooted, p2p)
-PUT_SLOT = 16 << 10  # bytes of that receive area per program, parity and source rank: what a round moves per peer
-
-
-def _internal_bytes(world: int, puts: bool = False) -> int:
-    """Room for iris's own flags (the device barrier's, the group collectives' counters) and, where ctx.ccl moves
-    data by puts, their counters and receive area: outside heap_size."""
-    used = round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world
-    if puts:
-        used += 16 * GROUP_PROGRAMS * world + PUT_PROGRAMS * 2 * world * PUT_SLOT
-    return round_up(max(4096, used), ALIGN)
-
-
-def _ccl_puts_asked() -> bool:
-    """IRIS_CCL_PUTS=1: ctx.ccl moves data by puts although every peer is direct (tests, benchmarks)."""
-    return settings.CCL_PUTS.get()
-
-
-def _ccl_puts_expected(allocator, world: int, group) -> bool:
-    """Whether ctx.ccl may move data by puts, guessed before the heap exists (their receive area is part of the
-    reserve): asked for, or a provider that can have indirect peers, in a job whose ranks IRIS_INDIRECT_PEERS
-    names or which spans hosts."""
-    return _ccl_puts_asked() or not getattr(allocator, "one_host", True) and (
-        bool(reach.forced(world)) or len(group.ranks_by_host()) > 1)
-
-
 def _shape(size) -> torch.Size:
     """torch's size convention: ints, or one tuple/list/Size (nested ones unwrapped, as Iris does)."""
     while len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
@@ -121,10 +94,9 @@ class Iris:
             else:
                 torch.cuda.set_device(index)
                 self.device = torch.device("cuda", index)
-            puts = _ccl_puts_expected(ALLOCATORS[name], self.world, self.group)
-            reserve = _internal_bytes(self.world, puts)
-            total, self._reserve = heap_size + reserve, reserve
-            alloc = ALLOCATORS[name](self.driver, total, self.device, self.group)
+            puts = _reserve.puts_expected(ALLOCATORS[name], self.world, self.group)
+            reserve = _reserve.size(self.world, puts)
+            alloc = ALLOCATORS[name](self.driver, heap_size + reserve, self.device, self.group)
             alloc.reserved = reserve
             if heap_size % alloc.granularity:
                 warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.granularity}-byte chunk of the "
@@ -133,27 +105,18 @@ class Iris:
             if 0 in self.heap.bases or _indirect.INDIRECT_PEERS:  # kernels compiled from now on carry NVSHMEM calls
                 _use_nvshmem_device_api(self.device)
             # whether some rank has an indirect peer: every rank must pick the same collectives
-            self._indirect_job = not getattr(ALLOCATORS[name], "one_host", True) and any(
+            indirect = not getattr(ALLOCATORS[name], "one_host", True) and any(
                 self.group.allgather(0 in self.heap.bases, "indirect peers"))
-            self._ccl_puts = self._indirect_job or _ccl_puts_asked()
-            if self._ccl_puts and not puts:  # indirect peers on one host (no peer-to-peer access)
-                reserve = _internal_bytes(self.world, True)
+            ccl_puts = indirect or _reserve.puts_asked()
+            if ccl_puts and not puts:  # indirect peers on one host (no peer-to-peer access)
+                grown = _reserve.size(self.world, True)
                 warnings.warn(f"this job's ranks reach some peers only through NVSHMEM although it runs on one host: "
-                              f"ctx.ccl's receive area ({reserve - self._reserve} bytes) comes out of heap_size; "
+                              f"ctx.ccl's receive area ({grown - reserve} bytes) comes out of heap_size; "
                               "set IRIS_CCL_PUTS=1 to add it beyond heap_size instead", stacklevel=2)
-                alloc.reserved = self._reserve = reserve
-            # iris's own block, allocated first so no scope() or free can take it; flags are carved from it
-            self._internal = self.heap.new_tensor(torch.Size((reserve,)), torch.uint8)
-            self._internal.zero_()
-            self._internal_used = 0
-            self._barrier_flags = self._internal_flags(self.world + 1, torch.int64)
-            # ccl's group collectives: counter [p][s] counts the signals program p of rank s sent here
-            self._group_counters = self._internal_flags(GROUP_PROGRAMS * self.world, torch.int64).view(
-                GROUP_PROGRAMS, self.world)
-            if self._ccl_puts:  # ccl's put kernel: [p][0][s] puts received from s, [p][1][s] puts s acknowledged
-                self._put_counters = self._internal_flags(2 * GROUP_PROGRAMS * self.world, torch.int64).view(
-                    GROUP_PROGRAMS, 2, self.world)
-                self._put_area = self._internal_flags(PUT_PROGRAMS * 2 * self.world * PUT_SLOT, torch.uint8)
+                alloc.reserved = reserve = grown
+            # allocated first, so no scope() or free can take it
+            self.reserve = Reserve(self.heap.new_tensor(torch.Size((reserve,)), torch.uint8), self.world, ccl_puts,
+                                   indirect)
             self._device_context = None
             self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
@@ -163,16 +126,6 @@ class Iris:
             if made is not None:
                 made.close()
             raise
-
-    def _internal_flags(self, count: int, dtype: torch.dtype) -> torch.Tensor:
-        """count zeroed elements of iris's reserve (same offset on every rank): for iris's own flags."""
-        start = round_up(self._internal_used, ALIGN)
-        end = start + count * dtype.itemsize
-        if end > self._internal.numel():
-            raise IrisError(f"iris's internal reserve of {self._internal.numel()} bytes is full ({start} used, "
-                            f"{count * dtype.itemsize} more asked): raise _internal_bytes in iris/context.py")
-        self._internal_used = end
-        return self._internal[start:end].view(dtype)
 
     # -- who and where -----------------------------------------------------
     def get_rank(self) -> int:
@@ -579,8 +532,7 @@ class Iris:
             if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
             self._imported, self._imported_at = {}, {}
-            for own in ("_internal", "_barrier_flags", "_group_counters", "_put_counters", "_put_area"):
-                self.__dict__.pop(own, None)  # the context's tensors must not hold it
+            self.__dict__.pop("reserve", None)  # the context's tensors must not hold it
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
                 if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises
                     cache.forget()
@@ -619,7 +571,7 @@ class Iris:
         capturable in a CUDA graph. Collective: all ranks. group: None or every rank."""
         covers_job(group, self.world, "device_barrier")
         from .device.sync import barrier_kernel
-        barrier_kernel[(1,)](self._barrier_flags, self.rank, self.world, self.heap.heap_bases,
+        barrier_kernel[(1,)](self.reserve.barrier_flags, self.rank, self.world, self.heap.heap_bases,
                              BLOCK=max(2, 1 << (self.world - 1).bit_length()), num_warps=1)
 
 

@@ -21,6 +21,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
+from .device.near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR
+from .device.near import _atomic as _near_atomic
+
+_atomic = gluon.jit(_near_atomic.fn)  # the one definition of the nine atomics, compiled as Gluon
+
 
 @gluon.jit
 def _load(ptr, mask, other, cache_modifier: gl.constexpr, volatile: gl.constexpr):
@@ -106,44 +111,44 @@ class IrisDeviceCtx:
     def atomic_add(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomically adds val at to_rank's pointer; returns the old values. sem: relaxed, acquire,
         release or acq_rel (default); scope: cta, gpu (default) or sys (another GPU watches)."""
-        return gl.atomic_add(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+        return _atomic(ADD, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
 
     @gluon.jit
     def atomic_sub(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomically subtracts val (adds -val) at to_rank's pointer; returns the old values."""
-        return gl.atomic_add(self._translate(pointer, self.cur_rank, to_rank), -val, mask=mask, sem=sem, scope=scope)
+        return _atomic(ADD, self._translate(pointer, self.cur_rank, to_rank), -val, None, mask, sem, scope)
 
     @gluon.jit
     def atomic_cas(self, pointer, cmp, val, to_rank, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Writes val at to_rank's pointer where it holds cmp; returns the old values."""
-        return gl.atomic_cas(self._translate(pointer, self.cur_rank, to_rank), cmp, val, sem=sem, scope=scope)
+        return _atomic(CAS, self._translate(pointer, self.cur_rank, to_rank), val, cmp, None, sem, scope)
 
     @gluon.jit
     def atomic_xchg(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomically swaps val into to_rank's pointer; returns the old values."""
-        return gl.atomic_xchg(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+        return _atomic(XCHG, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
 
     @gluon.jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic bitwise xor at to_rank's pointer; returns the old values."""
-        return gl.atomic_xor(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+        return _atomic(XOR, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
 
     @gluon.jit
     def atomic_and(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic bitwise and at to_rank's pointer; returns the old values."""
-        return gl.atomic_and(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+        return _atomic(AND, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
 
     @gluon.jit
     def atomic_or(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic bitwise or at to_rank's pointer; returns the old values."""
-        return gl.atomic_or(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+        return _atomic(OR, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
 
     @gluon.jit
     def atomic_min(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic minimum at to_rank's pointer; returns the old values."""
-        return gl.atomic_min(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+        return _atomic(MIN, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
 
     @gluon.jit
     def atomic_max(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic maximum at to_rank's pointer; returns the old values."""
-        return gl.atomic_max(self._translate(pointer, self.cur_rank, to_rank), val, mask=mask, sem=sem, scope=scope)
+        return _atomic(MAX, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)

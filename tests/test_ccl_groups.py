@@ -109,7 +109,7 @@ def check_group_spin_limit(ctx, heap):
     cfg = Config(block_size=16, comm_sms=1, spin_limit=20)
     x, out = heap((16,), torch.float32).fill_(1), _poisoned((16,), torch.float32, ctx.device)
     ctx.ccl.all_reduce(out, x, group=[0, 1], config=cfg)
-    return [] if (ctx.ccl._seen[0, 0] == -1).item() else ["a program whose peer never came did not mark seen"]
+    return [] if (ctx.ccl.seen[0, 0] == -1).item() else ["a program whose peer never came did not mark seen"]
 
 
 def run_groups(ctx, dist, dtypes, reps, big=()):

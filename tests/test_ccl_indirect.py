@@ -1,4 +1,4 @@
-"""ctx.ccl in a job with indirect peers: every collective through the put-based kernel (iris/ccl/put_kernel.py).
+"""ctx.ccl in a job with indirect peers: every collective through the put-based kernel (iris/ccl/kernels/put.py).
 
 On the host, IRIS_CCL_PUTS=1 runs that path over direct peers (the kernel reaches every peer through
 iris.put and iris's atomics, so the same kernel runs with NVSHMEM where peers are indirect); on a GPU,
@@ -15,7 +15,7 @@ import torch
 
 import iris
 from iris.ccl import Config, ReduceOp
-from iris.context import _internal_bytes
+from iris.heap import reserve as heap_reserve
 from iris.errors import IrisError
 from test_ccl import POISON, _data, _progress, _reduce, _same, check_all_reduce, check_moves, check_repeats
 from test_ccl_groups import Slots, check_calls
@@ -59,7 +59,7 @@ def check_preamble_async(ctx, n, cfg):
     plan = ctx.ccl.all_reduce_preamble(out, xs[r], config=cfg)
     ctx.ccl.all_reduce(out, xs[r], config=cfg, async_op=True)
     bad = [] if _same(out, _reduce(xs, ReduceOp.SUM)) else ["all_reduce after its preamble"]
-    if plan.fn.__name__ != "put_kernel" or ctx.ccl._last_ar.plan is not plan:
+    if plan.fn.__name__ != "put_kernel" or ctx.ccl.recent.plan is not plan:
         bad.append(("preamble built", plan.fn.__name__))
     out = torch.full((w * n,), POISON, dtype=torch.float32, device=dev)
     ctx.ccl.all_gather(out, xs[r], config=cfg, async_op=True)
@@ -93,7 +93,7 @@ def check_spin_limit(ctx):
     if ctx.rank != 0:
         return []
     ctx.ccl.all_reduce(torch.empty(16), x, group=[1, 0], config=Config(comm_sms=1, spin_limit=20))
-    return [] if ctx.ccl._put_state[0, 1, 0].item() == -1 else ["a program whose peer never came did not mark"]
+    return [] if ctx.ccl.put_state[0, 1, 0].item() == -1 else ["a program whose peer never came did not mark"]
 
 
 def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):
@@ -108,8 +108,8 @@ def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):
         bad += check_all_reduce(ctx, shapes[1], dtype, dataclasses.replace(cfg, all_reduce_variant="two_shot"),
                                 (ReduceOp.MAX, ReduceOp.MIN)[i % 2], heap=True)
         progress(f"all_reduce {dtype} checked")
-    if ccl._last_ar.plan.fn.__name__ != "put_kernel":
-        bad.append(("all_reduce ran", ccl._last_ar.plan.fn.__name__))
+    if ccl.recent.plan.fn.__name__ != "put_kernel":
+        bad.append(("all_reduce ran", ccl.recent.plan.fn.__name__))
     bad += check_moves(ctx, shapes[1], dtypes[-1], cfg)
     if more:
         bad += check_repeats(ctx, shapes[0][0], dataclasses.replace(cfg, all_reduce_variant="two_shot"), 4)
@@ -161,13 +161,13 @@ def rank_path():
     ctx = iris.iris(heap_size=1 << 20)
     x, out = ctx.zeros(32, dtype=torch.float32), torch.empty(64, dtype=torch.float32)
     ctx.ccl.all_reduce(out[:32], x)
-    ran = [ctx.ccl._last_ar.plan.fn.__name__]
+    ran = [ctx.ccl.recent.plan.fn.__name__]
     ctx.ccl.all_gather(out, x)
     ctx.ccl.all_reduce(out[:32], x, group=[ctx.rank])
     ctx.ccl.reduce(out[:32], x)
     ran += sorted({p.fn.__name__ for p in ctx.ccl.plans.values()} - set(ran))
     puts = ctx.ccl.puts
-    reserve = ctx._reserve == _internal_bytes(ctx.world, puts)
+    reserve = ctx.reserve.nbytes == heap_reserve.size(ctx.world, puts)
     ctx.close()
     return puts, ran, reserve
 

@@ -211,6 +211,7 @@ def check_mailbox(ctx, cfg, rep, dtype=torch.float32, cap=64):
             if f is irecv and not _same(got[q], _data((11,), dtype, 100 * q + r, rep, dev)):
                 bad.append(("mailbox batch", len(ops), q))
     plain = torch.ones(10, device=dev)
+    fits = torch.ones(10, dtype=dtype, device=dev)  # the box's dtype and within its size: only the config is wrong
     bad += wrong_errors([
         (lambda: ccl.send(plain.int(), dst=(r + 1) % w, p2p_state=box), CollectiveError, "mailbox holds up to"),
         (lambda: ccl.recv(torch.ones(cap + 1, device=dev), src=(r + 1) % w, p2p_state=box), CollectiveError,
@@ -220,7 +221,7 @@ def check_mailbox(ctx, cfg, rep, dtype=torch.float32, cap=64):
         (lambda: ccl.batch_isend_irecv([P2POp(print, plain, 0)], box), CollectiveError, "isend, irecv"),
         (lambda: ccl.init_p2p(max_numel=0), CollectiveError, "max_numel must be"),
         (lambda: ccl.init_p2p(max_numel=8, config="fast"), ConfigError, "must be an iris.ccl.Config"),
-        (lambda: ccl.send(plain, dst=(r + 1) % w, p2p_state=box, config={"block_size": 16}), ConfigError,
+        (lambda: ccl.send(fits, dst=(r + 1) % w, p2p_state=box, config={"block_size": 16}), ConfigError,
          "must be an iris.ccl.Config"),
         (lambda: ccl.all_reduce(plain, plain, config="fast"), ConfigError, "must be an iris.ccl.Config"),
     ])

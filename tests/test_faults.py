@@ -406,7 +406,7 @@ def test_close_twice_is_fine_and_nothing_is_left(closed):
 def test_vmem_heap_size_is_rounded_with_a_warning():
     with pytest.warns(UserWarning, match=r"heap_size=2097153 is not a multiple .* rounded up; the heap holds (\d+)"):
         c = iris.iris(heap_size=(1 << 21) + 1, allocator="vmem")
-    assert c.heap_size == (4 << 20) - c._reserve
+    assert c.heap_size == (4 << 20) - c.reserve.nbytes
     c.close()
 
 
@@ -530,7 +530,7 @@ def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, printed, ra
     if case.endswith("rank 5 of 1"):
         assert "[5]" in out, out  # the bad rank itself
     if case == "past the heap":
-        reserve = iris.context._internal_bytes(1)  # iris's own block comes first, beyond heap_size
+        reserve = iris.heap.reserve.size(1)  # iris's own block comes first, beyond heap_size
         assert f"[{(1 << 20) * 4 + reserve}]" in out and f"[{(1 << 20) + reserve}]" in out, out  # offset, heap size
 
 

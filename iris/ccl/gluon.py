@@ -14,7 +14,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..gluon import IrisDeviceCtx
-from .collectives import CollectiveError
+from ..errors import CollectiveError
 
 _WARP = 32  # NVIDIA
 _DEFAULT_WARPS = 4

@@ -6,7 +6,7 @@ irecv and batch_isend_irecv. Peers are positions in the group, as Iris numbers t
 pair by call order between two ranks (NCCL's rule), not by tag, which is accepted and not used, as
 in Iris's mailbox form: a heap-tensor transfer meets the peer's next transfer call with it (both
 wait), a mailbox message is the next one the peer receives from this rank (a send waits only for
-its slot to be free). Kernels: pair_kernels.p2p_kernel, mailbox_kernel and barrier_kernel; nothing
+its slot to be free). Kernels: kernels/pair.py's p2p_kernel, mailbox_kernel and barrier_kernel; nothing
 but a mailbox is allocated on the heap.
 """
 from __future__ import annotations
@@ -15,9 +15,12 @@ from typing import NamedTuple
 
 import torch
 
-from .collectives import CollectiveError
-from .pair_kernels import barrier_kernel, mailbox_kernel, p2p_kernel
-from .rooted import Plan, knobs, members_of, on_heap, overlap, pair_state, position, puts_plan, ranks_of, split, tensor
+from ..errors import CollectiveError
+from . import puts
+from .builders import pair_state
+from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, position, tensor
+from .kernels.pair import barrier_kernel, mailbox_kernel, p2p_kernel
+from .plan import Knobs, Plan, pair_knobs, pair_split, pow2
 
 PROGRAMS = 128  # the most programs of a mailbox transfer: each keeps its own counts per rank
 
@@ -36,7 +39,7 @@ class P2PState:
                                   f"holds), got {max_numel!r}")
         w = ctx.get_num_ranks()
         self.max_numel, self.dtype = max_numel, torch.bfloat16 if dtype is None else dtype
-        _, self.per, self.block = split(ctx.ccl, max_numel, self.dtype, knobs(config), PROGRAMS)
+        _, self.per, self.block = pair_split(max_numel, self.dtype, pair_knobs(config), ctx.ccl.sms, PROGRAMS)
         self.inbox = ctx.zeros(w * max_numel, dtype=self.dtype)
         self.sent, self.acked = (ctx.zeros((PROGRAMS, w), dtype=torch.int64) for _ in range(2))
         self.counts = {send: torch.zeros(PROGRAMS, w, dtype=torch.int64, device=self.inbox.device)
@@ -47,6 +50,7 @@ class P2PState:
     def slot(self, call, sender: int, t):
         """The slot of global rank sender (on every rank), as many elements as t, which must fit it."""
         tensor(call, "tensor", t, self.inbox.device)
+        nonempty(call, "tensor", t)
         if t.dtype != self.dtype or t.numel() > self.max_numel:
             raise CollectiveError(f"{call}(p2p_state=...): the mailbox holds up to {self.max_numel} elements of "
                                   f"{self.dtype}, got {t.numel()} of {t.dtype}; build one that fits with "
@@ -140,22 +144,22 @@ def sendrecv(ctx, send_t, recv_t, dst, src, group=None, tag=0, config=None) -> N
 def barrier(ctx, group=None) -> None:
     """Every rank of group meets on the device (the whole job: ctx.device_barrier)."""
     ccl = ctx.ccl
-    ranks = ccl._group(group, "barrier")[0]
+    ranks = ccl.groups.of(group, "barrier")[0]
     if ranks is None:
         ccl.ctx.device_barrier()
         return
     key = ("barrier", ranks)
     plan = ccl.plans.get(key)
     if plan is None and ccl.puts:
-        flags = ccl.ctx._put_counters.view(torch.float32)  # a barrier moves no data: the fp32 kernel serves
-        plan = ccl.plans[key] = puts_plan(ccl, "barrier", flags, flags, ranks, (0, 0, 1, 0))
+        flags = ccl.ctx.reserve.put_counters.view(torch.float32)  # a barrier moves no data: the fp32 kernel serves
+        plan = ccl.plans[key] = puts.plan(ccl, "barrier", flags, flags, ranks, Knobs(sms=1))
     if plan is None:
-        ccl._ready("the first barrier of a group builds small device tensors", "call it once")
+        not_capturing(ccl.ctx.device, "the first barrier of a group builds small device tensors", "call it once")
         counters, seen = pair_state(ccl)
         g = len(ranks)
-        plan = ccl.plans[key] = Plan(barrier_kernel, 1, 1, members=members_of(ccl, ranks), counters=counters,
-                                     seen=seen, me=ranks.index(ccl.ctx.rank), rank=ccl.ctx.rank, world=ccl.ctx.world,
-                                     GROUP=g, PEERS=max(2, 1 << (g - 1).bit_length()), SPIN=0)
+        plan = ccl.plans[key] = Plan(barrier_kernel, 1, {"num_warps": 1}, members=ccl.groups.members(ranks),
+                                     counters=counters, seen=seen, me=ranks.index(ccl.ctx.rank), rank=ccl.ctx.rank,
+                                     world=ccl.ctx.world, GROUP=g, PEERS=pow2(g), SPIN=0)
     plan()
 
 
@@ -164,23 +168,25 @@ def _mail(ccl, send, t, peer, state, group, config) -> None:
     peer's slot of this rank's, as many elements as t; a recv into a non-contiguous t lands in a
     contiguous copy first."""
     call = "send" if send else "recv"
-    ranks = ranks_of(ccl, group, call)
+    ranks = ccl.groups.ranks(group, call)
     pos = position(call, "dst" if send else "src", peer, ranks)
     if ranks[pos] == ccl.ctx.rank:
         raise CollectiveError(f"{call}: the peer is this rank itself (position {pos}); copy locally with t.copy_()")
     slot = state.slot(call, ccl.ctx.rank if send else ranks[pos], t)
-    if send and not t.is_contiguous():
-        raise CollectiveError("send(p2p_state=...): tensor must be contiguous; call .contiguous() first")
-    knob = knobs(config)
-    key = (send, ranks[pos], t.numel(), t.dtype, knob[1], knob[3])
+    if send:
+        contiguous("send(p2p_state=...)", "tensor", t)
+    knob = pair_knobs(config)
+    key = (send, ranks[pos], t.numel(), t.dtype, knob.warps, knob.spin)
     plan = state.plans.get(key)
     if plan is None:
-        ccl._ready(f"the first {call} through a mailbox at a new size and peer builds its launch", "call it once")
-        plan = state.plans[key] = Plan(mailbox_kernel, -(-t.numel() // state.per), knob[1] or 8, src=t, dst=slot,
+        not_capturing(ccl.ctx.device, f"the first {call} through a mailbox at a new size and peer builds its launch",
+                      "call it once")
+        plan = state.plans[key] = Plan(mailbox_kernel, -(-t.numel() // state.per), {"num_warps": knob.warps or 8},
+                                       src=t, dst=slot,
                                        sent=state.sent, acked=state.acked, counts=state.counts[send],
                                        heap_bases=ccl.ctx.get_heap_bases(), n=t.numel(), per=state.per,
                                        rank=ccl.ctx.rank, peer=ranks[pos], world=ccl.ctx.world, SEND=send,
-                                       BLOCK=state.block, SPIN=knob[3], FAR=ccl.puts)
+                                       BLOCK=state.block, SPIN=knob.spin, FAR=ccl.puts)
     if send:
         plan(t, slot)
     elif t.is_contiguous():
@@ -193,10 +199,13 @@ def _mail(ccl, send, t, peer, state, group, config) -> None:
 
 def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
     dev = ccl.ctx.device
-    tensor(call, "send tensor" if call == "sendrecv" else "tensor", src_t, dev)
+    named = [("send tensor" if call == "sendrecv" else "tensor", src_t)]
     if dst_t is not src_t:
-        tensor(call, "recv tensor", dst_t, dev)
-    ranks = ranks_of(ccl, group, call)
+        named.append(("recv tensor", dst_t))
+    for name, t in named:
+        tensor(call, name, t, dev)
+        nonempty(call, name, t)
+    ranks = ccl.groups.ranks(group, call)
     me = ranks.index(ccl.ctx.rank)
     if to is not None:
         position(call, "dst", to, ranks)
@@ -207,7 +216,7 @@ def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
     if call == "sendrecv" and (to == me) != (frm == me):
         raise CollectiveError(f"sendrecv(dst={to}, src={frm}) on position {me}: a rank that sends to itself receives "
                               "from itself, and only then; pass both as this rank's position, or neither")
-    knob = knobs(config)
+    knob = pair_knobs(config)
     g_to = -1 if to is None else ranks[to]
     g_frm = -1 if frm is None else ranks[frm]
     key = ("p2p", g_to, g_frm, src_t.shape, dst_t.shape, src_t.dtype, dst_t.dtype, knob)
@@ -215,23 +224,23 @@ def _transfer(ccl, call, src_t, dst_t, to, frm, group, config) -> None:
     if plan is None and (src_t.shape != dst_t.shape or src_t.dtype != dst_t.dtype):
         raise CollectiveError(f"sendrecv: send tensor {tuple(src_t.shape)} {src_t.dtype} and recv tensor "
                               f"{tuple(dst_t.shape)} {dst_t.dtype} must have the same shape and dtype")
-    on_heap(ccl, call, "recv tensor" if call == "sendrecv" else "tensor", dst_t,
+    on_heap(call, "recv tensor" if call == "sendrecv" else "tensor", dst_t, ccl.span,
             "the sender stores into the receiver's copy at its own offset")
     if call == "sendrecv":
-        if not src_t.is_contiguous():
-            raise CollectiveError(f"{call}: send tensor must be contiguous; call .contiguous() first")
+        contiguous(call, "send tensor", src_t)
         if overlap(src_t, dst_t):
             raise CollectiveError(f"{call}: send tensor overlaps recv tensor, which the source writes while this "
                                   "rank reads the send tensor; pass separate tensors")
     if plan is None and ccl.puts:
-        plan = ccl.plans[key] = puts_plan(ccl, "p2p", dst_t, src_t, None, knob, to=g_to, frm=g_frm)
+        plan = ccl.plans[key] = puts.plan(ccl, "p2p", dst_t, src_t, None, knob, to=g_to, frm=g_frm)
     if plan is None:
-        ccl._ready(f"the first {call} at a new shape and peer builds small device tensors", "call it once")
+        not_capturing(ccl.ctx.device, f"the first {call} at a new shape and peer builds small device tensors",
+                      "call it once")
         counters, seen = pair_state(ccl)
         n = dst_t.numel()
-        programs, per, block = split(ccl, n, dst_t.dtype, knob, counters.shape[0])
-        plan = ccl.plans[key] = Plan(p2p_kernel, programs, knob[1] or 8, src=src_t, dst=dst_t, counters=counters,
-                                     seen=seen, heap_bases=ccl.ctx.get_heap_bases(), n=n, per=per,
+        programs, per, block = pair_split(n, dst_t.dtype, knob, ccl.sms, counters.shape[0])
+        plan = ccl.plans[key] = Plan(p2p_kernel, programs, {"num_warps": knob.warps or 8}, src=src_t, dst=dst_t,
+                                     counters=counters, seen=seen, heap_bases=ccl.ctx.get_heap_bases(), n=n, per=per,
                                      rank=ccl.ctx.rank, to=g_to, frm=g_frm, world=ccl.ctx.world, BLOCK=block,
-                                     SPIN=knob[3])
+                                     SPIN=knob.spin)
     plan(src_t, dst_t)

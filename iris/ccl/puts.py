@@ -1,7 +1,7 @@
-"""ctx.ccl in a job with indirect peers: the plans of put_kernel.py, which serves every collective.
+"""ctx.ccl in a job with indirect peers: the plans of kernels/put.py's put_kernel, which serves every collective.
 
 What matters:
-- The path is chosen once per context (Iris._ccl_puts): where some rank of the job has an indirect peer
+- The path is chosen once per context (ctx.reserve.puts): where some rank of the job has an indirect peer
   (heap_bases entry 0), or where IRIS_CCL_PUTS=1 asks for it (tests and benchmarks, on peers that loads
   reach too). A job without either runs the load/store kernels, unchanged.
 - Whole-job all_reduce, all_gather, reduce_scatter, all_to_all and broadcast receive into an area that
@@ -20,9 +20,12 @@ import warnings
 import torch
 
 from ..allocators.offsets import round_up
-from ..context import GROUP_PROGRAMS, PUT_PROGRAMS, PUT_SLOT
-from . import put_kernel as pk
-from .put_kernel import put_kernel  # noqa: F401 (the plans' kernel, for the call sites)
+from ..heap.reserve import GROUP_PROGRAMS, PUT_PROGRAMS, PUT_SLOT
+from .checks import not_capturing
+from .kernels import put as pk
+from .kernels.put import put_kernel
+from .modes import elements
+from .plan import Plan, block_for, options, split
 
 KINDS = {name: c.value for name, c in (("ar", pk.AR), ("ar2", pk.AR2), ("ag", pk.AG), ("rs", pk.RS), ("a2a", pk.A2A),
                                        ("rst", pk.RST), ("barrier", pk.BARRIER), ("bc", pk.BC),
@@ -31,7 +34,7 @@ KINDS = {name: c.value for name, c in (("ar", pk.AR), ("ar2", pk.AR2), ("ag", pk
 OPS = {"sum": 0, "max": pk.MAX.value, "min": pk.MIN.value}
 SYMMETRIC = ("ar", "ar2", "ag", "rs", "a2a", "rst")  # every member sends to every other, its own inp included
 FROM_ROOT, TO_ROOT = ("bc", "scatter"), ("reduce", "gather")
-_KiB, _MiB = 1 << 10, 1 << 20
+_MiB = 1 << 20
 # a whole-job call's receive area: at most this many bytes, or twice its larger tensor, before it moves in rounds
 AREA_BYTES = 64 * _MiB
 # all_reduce variants that have a put-based counterpart: one shot or two
@@ -40,9 +43,9 @@ SHOTS = {"one_shot": "ar", "one_shot_push": "ar", "two_shot": "ar2", "two_shot_p
 
 def warn_variant(ccl, call, field, value) -> None:
     """Once per (field, value): the variant reaches peers by load and store, so the put algorithm runs."""
-    if (field, value) in ccl._warned:
+    if (field, value) in ccl.warned:
         return
-    ccl._warned.add((field, value))
+    ccl.warned.add((field, value))
     warnings.warn(f"{call}: Config.{field}={value!r} reads or writes peers by load and store, which indirect peers "
                   "(heap_bases entry 0) do not allow; ctx.ccl runs its put-based algorithm instead "
                   "(docs/multi-node.md)", stacklevel=4)
@@ -75,53 +78,50 @@ def roles(kind, members, me, root, to, frm) -> tuple:
     return tuple(out)
 
 
-def knobs(cfg) -> tuple:
-    """(block_size, num_warps, comm_sms, spin_limit) of a ccl Config, 0 where automatic (rooted.knobs' shape)."""
-    return cfg.block_size, cfg.num_warps or 0, cfg.comm_sms or 0, cfg.spin_limit
-
-
-def plan_args(ccl, kind, out, inp, ranks, knob, op="sum", root=0, to=-1, frm=-1, cfg=None, whole=False) -> tuple:
-    """(programs, num_warps, workspace, put_kernel's arguments by name) for one call shape. ranks: the
-    members' global ranks in order (None: every rank); root: a position; to, frm: global ranks (p2p);
-    cfg: the ccl Config (Iris's tile layout for 'rst'); whole: receive into an area of the plan's own."""
+def plan(ccl, kind, out, inp, ranks, knob, op="sum", root=0, to=-1, frm=-1, cfg=None, whole=False) -> Plan:
+    """put_kernel's plan for one call shape. ranks: the members' global ranks in order (None: every
+    rank); knob: the call's Knobs; root: a position; to, frm: global ranks (p2p); cfg: the ccl Config
+    (Iris's tile layout for 'rst', launch options), None for the rooted and p2p calls; whole: receive
+    into an area of the plan's own, else into iris's reserve."""
     ctx, w = ccl.ctx, ccl.ctx.world
-    ccl._ready() if whole else ccl._ready("the first call of a collective at a new shape builds small device "
-                                          "tensors", "call it once")
+    if whole:
+        not_capturing(ctx.device)
+    else:
+        not_capturing(ctx.device, "the first call of a collective at a new shape builds small device tensors",
+                      "call it once")
     members = tuple(range(w)) if ranks is None else tuple(ranks)
     g, dtype = len(members), inp.dtype
     total, cols, tile = inp.numel(), 0, (0, 0, 0, 1, 1, 1, 0)
-    n = {"ar": total, "ag": total, "bc": total, "reduce": total, "gather": total, "rs": out.numel(),
-         "scatter": out.numel(), "p2p": out.numel(), "barrier": 0}.get(kind)
     if kind == "ar2":
         n = round_up(-(-total // g), 16)
-    elif kind == "a2a":
-        n, cols = total // g, inp.shape[1] // g
     elif kind == "rst":
         (m, ncol), bm, bn = inp.shape, cfg.block_size_m, cfg.block_size_n
         tiles = -(-m // bm) * -(-ncol // bn)
         tile = (m, ncol, tiles, bm, bn, cfg.swizzle_size, cfg.all_reduce_distribution)
         n = -(-tiles // g) * bm * bn
-    block = knob[0] or max(16, (16 * _KiB) // dtype.itemsize)
+    else:
+        n = elements(kind, out, inp, g)
+        cols = inp.shape[1] // g if kind == "a2a" else 0
+    block = block_for(knob.block, dtype)
     if not whole:
         block = min(block, PUT_SLOT // dtype.itemsize)
-    programs = max(1, min(knob[2] or ccl.sms, -(-n // block), GROUP_PROGRAMS if whole else PUT_PROGRAMS))
-    per = round_up(-(-n // programs), block) if n else block
-    programs = max(1, -(-n // per))
+    programs, per = split(n, block, min(knob.sms or ccl.sms, GROUP_PROGRAMS if whole else PUT_PROGRAMS))
+    reserve = ctx.reserve
     if whole:
         budget = max(AREA_BYTES, 2 * max(inp.nbytes, out.nbytes)) // (programs * 2 * w * dtype.itemsize)
         slot = min(per, max(block, budget // block * block))
         area = ctx.empty(programs * 2 * w * slot, dtype=dtype)
         workspace = (area,)
     else:
-        slot, area, workspace = PUT_SLOT // dtype.itemsize, ctx._put_area.view(dtype), ()
-    if ccl._put_state is None:
-        ccl._put_state = torch.zeros_like(ctx._put_counters)
+        slot, area, workspace = PUT_SLOT // dtype.itemsize, reserve.put_area.view(dtype), ()
+    if ccl.put_state is None:
+        ccl.put_state = torch.zeros_like(reserve.put_counters)
     me = members.index(ctx.rank)
     peers = torch.tensor(members + roles(kind, members, me, root, to, frm), dtype=torch.int64, device=ctx.device)
     m_, ncol_, tiles_, bm_, bn_, gm_, dist_ = tile
-    args = dict(inp=inp, out=out, area=area, counters=ctx._put_counters, state=ccl._put_state,
-                heap_bases=ctx.get_heap_bases(), peers=peers, kind=KINDS[kind], op=OPS[op], n=n, total=total,
-                per=per, slot=slot, cols=cols, M=m_, N=ncol_, tiles=tiles_, bm=bm_, bn=bn_, gm=gm_, dist=dist_, g=g,
-                me=me, rank=ctx.rank, world=w, BLOCK=block, SPIN=knob[3])
-    return programs, knob[1] or 8, workspace, args
-
+    warps = knob.warps or 8
+    return Plan(put_kernel, programs, options(cfg, warps) if cfg is not None else {"num_warps": warps}, workspace,
+                "put", inp=inp, out=out, area=area, counters=reserve.put_counters, state=ccl.put_state,
+                heap_bases=ctx.get_heap_bases(), peers=peers, kind=KINDS[kind], op=OPS[op], n=n, total=total, per=per,
+                slot=slot, cols=cols, M=m_, N=ncol_, tiles=tiles_, bm=bm_, bn=bn_, gm=gm_, dist=dist_, g=g, me=me,
+                rank=ctx.rank, world=w, BLOCK=block, SPIN=knob.spin)

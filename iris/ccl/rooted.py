@@ -1,123 +1,19 @@
 """Rooted collectives behind ctx.ccl: broadcast in Iris's in-place form, reduce, scatter and gather. One
 rank, the root, sends to or receives from every member of the group; roots (src, dst) are positions in
-the group, as Iris numbers them. The kernel (pair_kernels.rooted_kernel) reads the members' inp in
+the group, as Iris numbers them. The kernel (kernels/pair.py's rooted_kernel) reads the members' inp in
 place, so inp must be a heap tensor, the same collective allocation on every member; nothing is
 allocated on the heap, and the same kernel serves the whole job and any subset group. Also the plan
-type that p2p.py shares. See docs/collectives.md.
+checks and sizing that p2p.py shares. See docs/collectives.md.
 """
 from __future__ import annotations
 
-import torch
-
-from ..allocators.offsets import round_up
-from .launch import Launcher
-from .collectives import DTYPES, CollectiveError
-from .config import ReduceOp, checked
-from .pair_kernels import rooted_kernel
-
-_KiB = 1 << 10
-
-
-class Plan:
-    """A pair kernel at one shape: its arguments (by parameter name) and a Launcher per alignment of the
-    tensors that change between calls (the kernel's leading parameters); a call repeated on the same
-    tensors replays a captured one-kernel graph (iris/launch.py)."""
-    __slots__ = ("fn", "grid", "args", "warps", "launchers")
-    workspace = ()  # nothing on the heap: CCL.free() has nothing to give back
-
-    def __init__(self, fn, programs, warps, **args):
-        self.fn, self.grid, self.warps = fn, (programs,), warps
-        self.args = [args[a] for a in fn.arg_names]
-        self.launchers = {}
-
-    def __call__(self, *tensors):
-        a = self.args
-        a[:len(tensors)] = tensors
-        ptrs = tuple(t.data_ptr() for t in tensors)
-        aligned = all(p % 16 == 0 for p in ptrs)
-        launcher = self.launchers.get(aligned)
-        if launcher is None:
-            launcher = self.launchers[aligned] = Launcher(self.fn, self.grid, num_warps=self.warps)
-        if aligned:
-            launcher.launch_trusted(a, ptrs)
-        else:
-            launcher(*a)
-
-
-def knobs(config) -> tuple:
-    """(block_size, num_warps, comm_sms, spin_limit) of config, 0 where automatic; a Config that can
-    change after construction is checked here, where it is used."""
-    if checked(config) is None:
-        return 0, 0, 0, 0
-    if config.use_gluon:
-        raise CollectiveError("these collectives have no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
-    return config.block_size, config.num_warps or 0, config.comm_sms or 0, config.spin_limit
-
-
-def split(ccl, n, dtype, knob, cap) -> tuple:
-    """(programs, elements per program, block): at most comm_sms (else an SM each) and cap programs, each
-    a whole number of blocks (Config.block_size, else 16 KiB worth), none empty."""
-    block = knob[0] or max(16, (16 * _KiB) // dtype.itemsize)
-    programs = max(1, min(knob[2] or ccl.sms, -(-n // block), cap))
-    per = round_up(-(-n // programs), block)
-    return -(-n // per), per, block
-
-
-def pair_state(ccl):
-    """(counters, seen): the pairwise counters in iris's reserve and this rank's seen counts (shared with
-    the group kernel, built once outside capture)."""
-    counters = ccl.ctx._group_counters
-    if ccl._seen is None:
-        ccl._seen = torch.zeros_like(counters)
-    return counters, ccl._seen
-
-
-def members_of(ccl, ranks):
-    """int64 device tensor: the ranks, then their heap bases (group_kernel's layout), cached."""
-    m = ccl._members.get(ranks)
-    if m is None:
-        bases = [ccl.ctx.heap.bases[r] for r in ranks]
-        m = ccl._members[ranks] = torch.tensor(list(ranks) + bases, dtype=torch.int64, device=ccl.ctx.device)
-    return m
-
-
-def ranks_of(ccl, group, call):
-    """The group's global ranks in group order (every rank for None), checked."""
-    ranks = ccl._group(group, call)[0]
-    return tuple(range(ccl.ctx.world)) if ranks is None else ranks
-
-
-def position(call, name, value, ranks) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(ranks):
-        raise CollectiveError(f"{call}: {name} must be a position in the group, an int in [0, {len(ranks)}) for its "
-                              f"ranks {list(ranks)} (Iris numbers {name} within the group), got {value!r}")
-    return value
-
-
-def tensor(call, name, t, device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{call}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != device:
-        raise CollectiveError(f"{call}: {name} is on {t.device} but this rank's heap is on {device}; move it there first")
-    if t.dtype not in DTYPES:
-        raise CollectiveError(f"{call}: {name} has dtype {t.dtype}, not supported; use one of "
-                              f"{', '.join(str(d) for d in DTYPES)}")
-    if t.numel() == 0:
-        raise CollectiveError(f"{call}: {name} has no elements; there is nothing to exchange")
-
-
-def on_heap(ccl, call, name, t, why) -> None:
-    if not t.is_contiguous():
-        raise CollectiveError(f"{call}: {name} must be contiguous; call .contiguous() first")
-    p = t.data_ptr()
-    if not (ccl._lo <= p and p + t.nbytes <= ccl._hi):
-        raise CollectiveError(f"{call}: {name} must be a heap tensor, the same collective allocation on every rank "
-                              f"involved ({why}); allocate it with ctx.empty/ctx.zeros or import it with "
-                              "ctx.as_symmetric (collective)")
-
-
-def overlap(a, b) -> bool:
-    return a.data_ptr() < b.data_ptr() + b.nbytes and b.data_ptr() < a.data_ptr() + a.nbytes
+from ..errors import CollectiveError
+from . import puts
+from .builders import pair_state
+from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, position, same_dtype, tensor
+from .config import ReduceOp
+from .kernels.pair import rooted_kernel
+from .plan import Plan, pair_knobs, pair_split, pow2
 
 
 # -- the collectives ---------------------------------------------------------
@@ -128,7 +24,7 @@ def broadcast(ccl, t, pos, src, group, config) -> None:
         if src != 0:
             raise CollectiveError(f"broadcast(tensor, {pos!r}, src={src!r}): src given twice; pass it once")
         src = pos
-    ranks = ranks_of(ccl, group, "broadcast")
+    ranks = ccl.groups.ranks(group, "broadcast")
     position("broadcast", "src", src, ranks)
     ccl.broadcast(t, t, src=ranks[src], group=group, config=config)
 
@@ -152,18 +48,18 @@ def gather(ccl, out, inp, dst, group, config) -> None:
 
 
 def _rooted(ccl, mode, out, inp, root, role, group, config, op) -> None:
-    tensor(mode, "out", out, ccl.ctx.device)
-    tensor(mode, "inp", inp, ccl.ctx.device)
-    ranks = ranks_of(ccl, group, mode)
+    for name, t in (("out", out), ("inp", inp)):
+        tensor(mode, name, t, ccl.ctx.device)
+        nonempty(mode, name, t)
+    ranks = ccl.groups.ranks(group, mode)
     position(mode, role, root, ranks)
-    knob = knobs(config)
+    knob = pair_knobs(config)
     key = ("rooted", mode, ranks, root, op, inp.shape, out.shape, inp.dtype, out.dtype, knob)
     plan = ccl.plans.get(key)
     if plan is None:
         _check_shapes(mode, out, inp, len(ranks))
-    on_heap(ccl, mode, "inp", inp, f"the {'members read' if mode == 'scatter' else 'root reads'} it in place")
-    if not out.is_contiguous():
-        raise CollectiveError(f"{mode}: out must be contiguous; call .contiguous() first")
+    on_heap(mode, "inp", inp, ccl.span, f"the {'members read' if mode == 'scatter' else 'root reads'} it in place")
+    contiguous(mode, "out", out)
     if overlap(out, inp):
         me = ranks.index(ccl.ctx.rank)
         exact = (out.data_ptr() == inp.data_ptr() if mode == "reduce" else
@@ -176,21 +72,13 @@ def _rooted(ccl, mode, out, inp, root, role, group, config, op) -> None:
                     "gather": "the root reads inp at the same heap offset on every rank, and inp inside out sits "
                               "at another offset on each; pass a separate heap inp"}[mode])
     if plan is None:
-        plan = ccl.plans[key] = (puts_plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
+        plan = ccl.plans[key] = (puts.plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
                                  _plan(ccl, mode, out, inp, ranks, root, op, knob))
     plan(inp, out)
 
 
-def puts_plan(ccl, kind, out, inp, ranks, knob, op="sum", root=0, to=-1, frm=-1) -> Plan:
-    """put_kernel's plan (a job with indirect peers, iris/ccl/puts.py), receiving into iris's reserve."""
-    from .puts import plan_args, put_kernel
-    programs, warps, _, args = plan_args(ccl, kind, out, inp, ranks, knob, op, root, to, frm)
-    return Plan(put_kernel, programs, warps, **args)
-
-
 def _check_shapes(mode, out, inp, g) -> None:
-    if out.dtype != inp.dtype:
-        raise CollectiveError(f"{mode}: out is {out.dtype} but inp is {inp.dtype}; they must match")
+    same_dtype(mode, out, inp)
     small, big = (out, inp) if mode == "scatter" else (inp, out) if mode == "gather" else (None, None)
     if small is None:
         if out.shape != inp.shape:
@@ -206,12 +94,13 @@ def _check_shapes(mode, out, inp, g) -> None:
 
 
 def _plan(ccl, mode, out, inp, ranks, root, op, knob) -> Plan:
-    ccl._ready("the first call of a rooted collective at a new shape builds small device tensors", "call it once")
+    not_capturing(ccl.ctx.device, "the first call of a rooted collective at a new shape builds small device tensors",
+                  "call it once")
     ctx, g = ccl.ctx, len(ranks)
     counters, seen = pair_state(ccl)
     n = out.numel() if mode == "scatter" else inp.numel()
-    programs, per, block = split(ccl, n, inp.dtype, knob, counters.shape[0])
-    return Plan(rooted_kernel, programs, knob[1] or 8, inp=inp, out=out, members=members_of(ccl, ranks),
-                counters=counters, seen=seen, n=n, per=per, me=ranks.index(ctx.rank), rank=ctx.rank, root=root,
-                world=ctx.world, GROUP=g, PEERS=max(2, 1 << (g - 1).bit_length()), MODE=mode, OP=op.value,
-                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=knob[3])
+    programs, per, block = pair_split(n, inp.dtype, knob, ccl.sms, counters.shape[0])
+    return Plan(rooted_kernel, programs, {"num_warps": knob.warps or 8}, inp=inp, out=out,
+                members=ccl.groups.members(ranks), counters=counters, seen=seen, n=n, per=per, me=ranks.index(ctx.rank),
+                rank=ctx.rank, root=root, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode, OP=op.value,
+                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=knob.spin)

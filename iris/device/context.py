@@ -24,6 +24,7 @@ from .atomics import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min
                       atomic_xor)
 from .rma import copy, get, load, put, store
 from .sync import signal, wait
+from . import tile_collectives as _tiles
 
 HEADER = tl.constexpr(2)  # context tensor: rank, world, one heap base per rank, then the trace slots
 
@@ -200,3 +201,50 @@ class DeviceContext:
     def wait(self, flag_ptr, value, cmp: tl.constexpr = None, sem: tl.constexpr = None, scope: tl.constexpr = None):
         """iris.wait on this rank's own flag; returns its value."""
         return wait(flag_ptr, value, self.rank, self.rank, self.heap_bases, cmp, sem, scope)
+
+    # tile collectives (iris/device/tile_collectives.py says what each rank must do before and after)
+    @triton.jit
+    def all_reduce_atomic(self, tile, dst_view):
+        """Atomically adds tile.data into dst_view's tile on every rank (dst zero beforehand)."""
+        _tiles.all_reduce_atomic(self, tile, dst_view)
+
+    @triton.jit
+    def all_reduce_spinlock(self, tile, dst_view, locks):
+        """Adds tile.data into dst_view's tile on every rank under that rank's locks[tile_id]."""
+        _tiles.all_reduce_spinlock(self, tile, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_one_shot(self, tile, src_view, dst_view, locks):
+        """Sums every rank's published tile (src_view, locks[tile_id] == 1) into this rank's dst_view."""
+        _tiles.all_reduce_one_shot(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_two_shot(self, tile, src_view, dst_view, locks):
+        """The tile's owner (tile_id % world) sums the published tiles into dst_view on every rank."""
+        _tiles.all_reduce_two_shot(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_ring(self, tile, src_view, dst_view):
+        """Sums every rank's src_view tile (complete before the launch) into this rank's dst_view."""
+        _tiles.all_reduce_ring(self, tile, src_view, dst_view)
+
+    @triton.jit
+    def reduce_scatter(self, tile, src_view, dst_view, locks):
+        """The tile's owner (contiguous runs of tile ids per rank) sums the published tiles into its dst_view."""
+        _tiles.reduce_scatter(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def all_gather(self, tile, dst_view, dim: tl.constexpr):
+        """Stores tile.data into this rank's part (along dim) of dst_view on every rank."""
+        _tiles.all_gather(self, tile, dst_view, dim)
+
+    @triton.jit
+    def gather(self, tile, src_view, source_rank, hint: tl.constexpr = None):
+        """source_rank's values of the tile in src_view."""
+        return _tiles.gather(self, tile, src_view, source_rank, hint)
+
+    @triton.jit
+    def all_to_all(self, tile, src_view, dst_view, N_per_rank):
+        """Fills this rank's dst_view tile with column chunk `rank` of each peer's src_view (N_per_rank
+        columns each; Iris's parameter name)."""
+        _tiles.all_to_all(self, tile, src_view, dst_view, N_per_rank)

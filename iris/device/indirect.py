@@ -1,13 +1,11 @@
 """Device functions for peers that loads and stores cannot reach (heap_bases entry 0): through NVSHMEM.
 
-rma, atomics and sync hand their calls here only where INDIRECT_PEERS is set; each function takes
-the same arguments, reaches a peer whose heap_bases entry is 0 through NVSHMEM and any other peer
-with the same loads, stores and atomics as rma, atomics and sync (structured if/else: Triton 3.6
-cannot lower an early return from a run-time branch inside a loop). INDIRECT_PEERS is a constexpr
-that Triton folds: where it is False (a job without indirect peers) none of this is in the kernel
-and no NVSHMEM code is linked. It is read from IRIS_INDIRECT_PEERS when iris is imported,
-and set by the context when its heap has an indirect peer; in a process, set it before the first
-kernel compiles (Triton refuses a global that changed under a compiled kernel).
+rma, atomics and sync hand their calls here only where near.INDIRECT_PEERS is set (a constexpr Triton
+folds: without it none of this is in the kernel and no NVSHMEM code is linked; use_indirect_peers and
+INDIRECT_PEERS are importable from here too). Each function takes the same arguments, reaches a peer
+whose heap_bases entry is 0 through NVSHMEM and any other peer with near.py's loads, atomics and
+polls, as rma, atomics and sync do (structured if/else: Triton 3.6 cannot lower an early return from
+a run-time branch inside a loop).
 
 A contiguous tile (the masked elements of source and destination are each one range, element for
 element) moves with one block-scoped NVSHMEM call made by every thread of the program; any other
@@ -20,37 +18,13 @@ Ordering: sem release/acq_rel (the default) completes the program's earlier NVSH
 before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
 barrier of the program's threads); NVSHMEM's fetching atomics complete before they return.
 """
-import sys
-
 import triton
 import triton.language as tl
 
-from .. import settings
 from . import nvshmem as nv
+from .near import ADD, CAS, MAX, MIN, XCHG, _atomic, _load, _spin, _unmet
+from .near import INDIRECT_PEERS, use_indirect_peers  # noqa: F401 (the context's names for the switch)
 from .translate import _translate
-
-INDIRECT_PEERS: tl.constexpr = tl.constexpr(bool(settings.INDIRECT_PEERS.get()))
-# cycles: rma and sync import INDIRECT_PEERS from here; every module is complete before any kernel compiles
-from . import rma as _rma  # noqa: E402
-from . import sync as _sync  # noqa: E402
-# atomic operations: NVSHMEM's codes where it has the operation, then the two it lacks
-ADD: tl.constexpr = nv.AMO_ADD
-CAS: tl.constexpr = nv.AMO_CAS
-XCHG: tl.constexpr = nv.AMO_SWAP
-AND: tl.constexpr = nv.AMO_AND
-OR: tl.constexpr = nv.AMO_OR
-XOR: tl.constexpr = nv.AMO_XOR
-MIN: tl.constexpr = tl.constexpr(7)
-MAX: tl.constexpr = tl.constexpr(8)
-_MODULES = ("iris.device.rma", "iris.device.atomics", "iris.device.sync", __name__)
-
-
-def use_indirect_peers() -> None:
-    """Compile the NVSHMEM path into iris's device functions from now on (a heap with an indirect peer)."""
-    for name in _MODULES:
-        module = sys.modules.get(name)
-        if module is not None:
-            module.INDIRECT_PEERS = tl.constexpr(True)
 
 
 @triton.jit
@@ -193,7 +167,7 @@ def load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier: tl.co
     if far(heap_bases, from_rank):
         out = _load_far(ptr, from_rank, mask, other)
     else:
-        out = _rma._load(_translate(ptr, to_rank, from_rank, heap_bases, hint), mask, other,
+        out = _load(_translate(ptr, to_rank, from_rank, heap_bases, hint), mask, other,
                          cache_modifier, volatile, eviction_policy)
     return out
 
@@ -340,27 +314,6 @@ def _atomic_far(OP: tl.constexpr, ptr, val, cmp, pe, mask, sem: tl.constexpr):
 
 
 @triton.jit
-def _atomic_near(OP: tl.constexpr, p, val, cmp, mask, sem: tl.constexpr, scope: tl.constexpr):
-    if OP == ADD:
-        out = tl.atomic_add(p, val, mask=mask, sem=sem, scope=scope)
-    elif OP == CAS:
-        out = tl.atomic_cas(p, cmp, val, sem=sem, scope=scope)
-    elif OP == XCHG:
-        out = tl.atomic_xchg(p, val, mask=mask, sem=sem, scope=scope)
-    elif OP == AND:
-        out = tl.atomic_and(p, val, mask=mask, sem=sem, scope=scope)
-    elif OP == OR:
-        out = tl.atomic_or(p, val, mask=mask, sem=sem, scope=scope)
-    elif OP == XOR:
-        out = tl.atomic_xor(p, val, mask=mask, sem=sem, scope=scope)
-    elif OP == MIN:
-        out = tl.atomic_min(p, val, mask=mask, sem=sem, scope=scope)
-    else:
-        out = tl.atomic_max(p, val, mask=mask, sem=sem, scope=scope)
-    return out
-
-
-@triton.jit
 def atomic(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem: tl.constexpr,
            scope: tl.constexpr, hint: tl.constexpr):
     """The atomics of iris.device.atomics (OP: ADD .. MAX; cmp for CAS), with to_rank reached
@@ -369,7 +322,7 @@ def atomic(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask
         out = _atomic_far(OP, ptr, val, cmp, to_rank, mask, sem)
     else:
         p = _translate(ptr, from_rank, to_rank, heap_bases, hint)
-        out = _atomic_near(OP, p, val, cmp, mask, sem, scope).to(ptr.dtype.element_ty)  # cas: val's type
+        out = _atomic(OP, p, val, cmp, mask, sem, scope).to(ptr.dtype.element_ty)  # cas: val's type
     return out
 
 
@@ -391,7 +344,7 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP: tl.constexpr, sem
     if far(heap_bases, to_rank):
         cur = wait_far(flag_ptr, value, to_rank, CMP)
     else:
-        cur = _sync._spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, sem, scope)
+        cur = _spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, sem, scope)
     return cur
 
 
@@ -402,7 +355,7 @@ def wait_far(flag_ptr, value, pe, CMP: tl.constexpr):
     zero = _bits(tl.zeros([], dtype))
     pe32 = tl.cast(pe, tl.int32)
     cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
-    while _sync._unmet(cur, value, CMP):
+    while _unmet(cur, value, CMP):
         cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
     return cur
 

@@ -9,20 +9,9 @@ tl.load/tl.store unchanged (None: Triton's default); parameters iris adds come a
 import triton
 import triton.language as tl
 
-from .translate import _translate
 from . import indirect as _indirect
-from .indirect import INDIRECT_PEERS
-
-
-@triton.jit
-def _load(p, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr, eviction_policy: tl.constexpr):
-    # ptxas (CUDA 12.8/12.9, sm_90) fails on ld.volatile with a cache operator: volatile already
-    # bypasses the caches, so the modifier is dropped there rather than compiled into a bad instruction.
-    if volatile:
-        out = tl.load(p, mask=mask, other=other, eviction_policy=eviction_policy, volatile=True)
-    else:
-        out = tl.load(p, mask=mask, other=other, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
-    return out
+from .near import INDIRECT_PEERS, _load
+from .translate import _translate
 
 
 @triton.jit

@@ -2,28 +2,9 @@
 import triton
 import triton.language as tl
 
-from .translate import _translate
 from . import indirect as _indirect
-from .indirect import INDIRECT_PEERS
-
-
-@triton.jit
-def _unmet(cur, value, cmp: tl.constexpr):
-    tl.static_assert(cmp == "eq" or cmp == "ne" or cmp == "ge" or cmp == "gt" or cmp == "le" or cmp == "lt",
-                     "cmp must be one of eq, ne, ge, gt, le, lt")
-    if cmp == "eq":
-        out = cur != value
-    elif cmp == "ne":
-        out = cur == value
-    elif cmp == "ge":
-        out = cur < value
-    elif cmp == "gt":
-        out = cur <= value
-    elif cmp == "le":
-        out = cur > value
-    else:
-        out = cur >= value
-    return out
+from .near import INDIRECT_PEERS, _spin
+from .translate import _translate
 
 
 @triton.jit
@@ -73,15 +54,6 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, cmp: tl.constexpr = No
     if INDIRECT_PEERS:
         return _indirect.wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP, SEM, SCOPE)
     return _spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, SEM, SCOPE)
-
-
-@triton.jit
-def _spin(p, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
-    """Polls the flag at p (this process's mapping) until it compares CMP to value; returns it."""
-    cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
-    while _unmet(cur, value, CMP):
-        cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
-    return cur
 
 
 @triton.jit

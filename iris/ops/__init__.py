@@ -12,12 +12,15 @@ be captured in a CUDA graph. Every op returns its workspace, as Iris's do.
 Layouts follow the shapes. all_gather_matmul: A row-sharded (m x K, B K x N, output world*m x N),
 or Iris's column-sharded A (M x K_local, B world*K_local x N, output M x N). matmul_reduce_scatter:
 output M/world x N takes this rank's rows; output M x N is Iris's layout, this rank's tiles
-(owned_tiles.py). matmul_all_reduce: FusedConfig.all_reduce_variant "one_shot" or "two_shot".
+(owned_tiles.py). matmul_all_reduce: FusedConfig.all_reduce_variant "one_shot" or "two_shot";
+FusedConfig(variant="tiles") runs both through the device tile API (matmul_tile_reduce.py), where
+matmul_all_reduce also takes "atomic", "spinlock" and "ring".
 
 Two implementations (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS
 by chunks of rows with copy-engine transfers on side streams (streamed.py). With config=None iris
-picks what measured faster on 2x H200 (docs/collectives.md): streamed for matmul_all_reduce from
-1024 rows and for a large row-layout matmul_reduce_scatter, fused otherwise, and always on the host.
+picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
+matmul_all_reduce from STREAMED_MIN_ROWS rows and for a large row-layout matmul_reduce_scatter,
+fused otherwise, and always on the host.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from . import all_gather_matmul as _agm
 from . import gather_k as _gk
 from . import matmul_all_gather as _mag
 from . import matmul_reduce as _mr
+from . import matmul_tile_reduce as _mtr
 from . import owned_tiles as _ot
 from . import streamed as _st
 from ..errors import IndirectPeerError
@@ -37,7 +41,7 @@ from .config import FusedConfig
 from .gemm import interpreted, matmul
 from .workspace import FusedWorkspace
 
-# where "streamed" measured faster on 2x H200 (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
+# where "streamed" is chosen: benchmarks/gemm_comm.py (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
 STREAMED_MIN_ROWS = 1024
 STREAMED_MIN_MACS = 1 << 36
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
@@ -117,13 +121,17 @@ class OpsNamespace:
     def _kind(self, kind, output, A, B, config) -> str:
         """The op's layout and algorithm from the shapes and config, checked (before any allocation)."""
         w = self._ctx.world
-        if getattr(self._ctx, "_indirect_job", False):
+        if self._ctx.reserve.indirect:
             raise IndirectPeerError("iris.ops: its fused GEMMs load and store into peers' memory directly, "
                                     "and some rank of this job has an indirect peer (another node, or "
                                     "IRIS_INDIRECT_PEERS); run the GEMM with torch and the communication with "
                                     "ctx.ccl, which reaches indirect peers")
         if config is not None:
             config.validate(w)
+        if config is not None and config.variant == "tiles" and kind in ("ar", "rs"):
+            name = "matmul_all_reduce" if kind == "ar" else "matmul_reduce_scatter"
+            _mtr.check(name, self._ctx, A, B, output, config, kind == "rs")
+            return kind + "_tile_api"
         if kind == "ag":
             if w > 1 and B.dim() == 2 and A.dim() == 2 and B.shape[0] == w * A.shape[1]:
                 _gk.check(A, B, output, w)
@@ -153,6 +161,9 @@ class OpsNamespace:
     def _preamble(self, kind, output, A, B, config):
         ctx = self._ctx
         kind = self._kind(kind, output, A, B, config)
+        if kind in ("ar_tile_api", "rs_tile_api"):
+            return self._ws(kind, output, A, B, config, lambda: _tagged(_mtr.preamble(ctx, output, A, B, config,
+                                                                                 kind == "rs_tile_api"), kind))
         if kind in ("ar_tiles", "rs_tiles"):
             cfg = config or FusedConfig()
             cfg = dataclasses.replace(cfg, **{k: v for k, v in IRIS_TILE.items() if getattr(cfg, k) is None})
@@ -183,6 +194,8 @@ class OpsNamespace:
         ctx, op = self._ctx, ws["op"]
         if op == "streamed":
             _st.run(ctx, output, A, B, ws)
+        elif op in ("ar_tile_api", "rs_tile_api"):
+            _mtr.run(ctx, output, A, B, ws)
         elif op in ("ar_tiles", "rs_tiles"):
             _ot.run(ctx, output, A, B, ws)
         elif op == "ag_k":

@@ -28,7 +28,9 @@ class FusedConfig:
     num_stages/num_warps: Triton's pipeline depth and warps per program; variant: "fused" (one
     persistent kernel), "streamed" (torch.matmul by chunks of rows, copy-engine transfers on side
     streams: iris/ops/streamed.py) or None: with config=None iris picks by shape and device
-    (docs/collectives.md); with a config, "fused"; chunks: row chunks of the streamed variant.
+    (docs/collectives.md); with a config, "fused"; "tiles": matmul_all_reduce and matmul_reduce_scatter
+    through the device tile API, any all_reduce_variant but ring's block rule (iris/ops/matmul_tile_reduce.py);
+    chunks: row chunks of the streamed variant.
     """
     block_size_m: Optional[int] = 256
     block_size_n: Optional[int] = 64
@@ -75,8 +77,8 @@ class FusedConfig:
                 and self.block_size_n % world_size:
             raise ValueError(f"FusedConfig: the ring variant needs block_size_n ({self.block_size_n}) divisible by "
                              f"the world size ({world_size})")
-        if self.variant not in (None, "fused", "streamed"):
-            raise ValueError(f"FusedConfig.variant must be None, 'fused' or 'streamed', got {self.variant!r}")
+        if self.variant not in (None, "fused", "streamed", "tiles"):
+            raise ValueError(f"FusedConfig.variant must be None, 'tiles', 'fused' or 'streamed', got {self.variant!r}")
         for name in ("cache_modifier_a", "cache_modifier_b"):
             if getattr(self, name) not in CACHE_MODIFIERS:
                 raise ValueError(f"FusedConfig.{name} must be one of {list(CACHE_MODIFIERS)}, got "

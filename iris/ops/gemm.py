@@ -16,21 +16,13 @@ import triton
 import triton.language as tl
 
 from .. import settings
+from ..ccl.kernels.common import _tile_mn
 from ..ccl.launch import Launcher
 from .config import FusedConfig
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_BYTES = 200 * 1024  # shared memory the pipeline's stages may take (H100/H200 have 227 KiB per block)
 _INTERPRETED = tl.constexpr(settings.INTERPRET.get())
-
-
-@triton.jit
-def _tile_mn(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """(row block, column block) of the tile-th tile in grouped order."""
-    width = GROUP_M * num_n
-    first_m = (tile // width) * GROUP_M
-    rows = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (tile % width) % rows, (tile % width) // rows
 
 
 @triton.jit

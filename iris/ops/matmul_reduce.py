@@ -4,9 +4,8 @@ every rank getting all rows (all-reduce) or its 1/world share of them (reduce-sc
 One persistent kernel. Each program computes a tile, rounds it to the output dtype, and pushes it
 into the slot of every rank that needs it (all: every rank; scatter: the rank owning those rows)
 on the heap, and sets that tile's flag there only after computing its next tile: the release then
-finds the stores drained instead of waiting for them (on 2x H200, M=512..2048 x 8192 x 4096,
-5-8% faster than flags set right after the pushes; matmul_reduce_scatter at 8192 rows 853 against
-921 us). It reduces the tile it computed before (whose flags every rank has just set): waits for
+finds the stores drained instead of waiting for them (benchmarks/gemm_comm.py; docs/performance.md
+has the figures). It reduces the tile it computed before (whose flags every rank has just set): waits for
 the flags, sums the world partials in rank order in fp32 (every rank gets the same bits) and
 writes the output. Slots alternate between two buffers by call parity: a rank writes buffer p
 again only two calls later, when it has seen every peer's pushes of the call in between, so every

@@ -3,7 +3,7 @@ stream while side streams move finished chunks between ranks with the copy engin
 peers' heap views), ordered by per-chunk flags on the heap.
 
 The persistent kernels pay for communication with SM time: each program pushes its tile after
-computing it, so on 2x H200 matmul_all_reduce at M >= 512 took twice the matmul alone. Here no SM
+computing it, which slows the GEMM itself (benchmarks/gemm_comm.py; docs/performance.md). Here no SM
 moves data; SMs only add the partials of an all-reduce chunk while cuBLAS works on the next chunk.
 Eager calls replay a CUDA graph of the whole sequence once the same tensors come back (dozens of
 launches then cost one); under the caller's own capture the sequence is captured as it is.
@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import signal, wait
+from ..ccl.config import Config
 from ..ccl.launch import Launcher
+from ..device import signal, wait
 from .gemm import interpreted
 
 CAPTURE_AFTER = 2  # eager calls with the same tensors before the sequence is captured and replayed
@@ -95,7 +96,6 @@ def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None) -> dict:
     ws["tx"] = torch.cuda.Stream(dev) if cuda else None
     ws["rx"] = torch.cuda.Stream(dev) if cuda else None
     if kind == "ar" and comm_sms:
-        from ..ccl import Config
         ws["ccl"] = Config(comm_sms=comm_sms)
         for a, b in ws["rows"]:  # its workspaces too, so that the first call can be captured
             ctx.ccl.all_reduce_preamble(output[a:b], ws["buf"][a:b], config=ws["ccl"])

@@ -1,7 +1,7 @@
 """The kernel of the collectives over a subset of the ranks (group=). Ranks outside a group never make
 its calls, and heap allocation is collective over the whole job, so this kernel allocates nothing: it
 reads the peers' inp (a heap tensor) in place and synchronises through pairwise counters in iris's
-reserve (Iris._group_counters, zeroed once at context creation).
+reserve (ctx.reserve.group_counters, zeroed once at context creation).
 
 counters[p][s] on rank r counts the signals program p of rank s sent to program p of r; seen[p][s]
 (this rank's device memory, not the heap) how many of them r has waited for, updated by the kernel
@@ -16,19 +16,7 @@ collectives in the same order (NCCL's rule).
 import triton
 import triton.language as tl
 
-from .kernels import _a2a_index, _await, _peer_offset, _reduce_ranks
-
-
-@triton.jit
-def _meet(row, peer, delta, live, target, mark, rank, SPIN: tl.constexpr):
-    """Adds 1 to this rank's counter in `row` on every live peer (release, sys), then waits until each
-    peer's counter in this rank's `row` reaches target (acquire, sys). row: this program's counters,
-    one int64 per global rank; peer: the peers' global ranks; delta: their heap bases minus this
-    rank's, in int64 elements. The barriers order the whole program's accesses around the counters."""
-    tl.debug_barrier()
-    tl.atomic_add(row + rank + delta, tl.full(delta.shape, 1, tl.int64), mask=live, sem="release", scope="sys")
-    _await(row + peer, live, target, mark, SPIN)
-    tl.debug_barrier()
+from .common import _a2a_index, _meet, _members, _peer_offset, _reduce_ranks
 
 
 @triton.jit
@@ -60,9 +48,7 @@ def group_kernel(inp, out, scratch, members, counters, seen, n, per, cols, me, r
     mine = tl.load(members + GROUP + me)
     j = tl.arange(0, PEERS)
     live = (j < GROUP) & (j != me)
-    peer = tl.load(members + j, mask=live, other=rank)
-    delta = (tl.load(members + GROUP + j, mask=live, other=mine) - mine) // 8
-    count = tl.load(seen + pid * world + peer, mask=live, other=0)
+    peer, delta, count = _members(members, seen + pid * world, j, live, mine, rank, GROUP)
     if STAGED:
         dst = scratch
     else:

@@ -2,7 +2,7 @@
 gather), point-to-point transfers and the barrier over a subset of the ranks; and the mailbox
 transfer of send/recv(p2p_state=), which meets no one (see mailbox_kernel).
 
-They synchronise as group_kernel.py does, through the pairwise counters in iris's reserve
+They synchronise as group.py's kernel does, through the pairwise counters in iris's reserve
 (counters[p][s] on rank r: signals program p of rank s sent to program p of r) and this rank's seen
 counts (how many of them it has waited for, advanced by the kernel itself, so CUDA graph replays
 advance them too). A call meets each of its peers twice: "ready" (the kernel started, so the data it
@@ -15,10 +15,9 @@ calls in the same order (NCCL's rule), whatever other ranks do in between.
 import triton
 import triton.language as tl
 
-from ..device.atomics import atomic_add
-from ..device.rma import put
-from .group_kernel import _meet
-from .kernels import _await, _peer_offset, _reduce_ranks
+from ...device.atomics import atomic_add
+from ...device.rma import put
+from .common import _await, _meet, _members, _peer_offset, _reduce_ranks
 
 # ranks as plain arguments: one compiled kernel serves every rank and root (Triton would compile an int
 # argument equal to 1 in as a constant, a second kernel for rank 1)
@@ -43,15 +42,13 @@ def rooted_kernel(inp, out, members, counters, seen, n, per, me, rank, root, wor
     mine = tl.load(members + GROUP + me)
     j = tl.arange(0, PEERS)
     live = (j < GROUP) & (j != me) & ((j == root) | (j * 0 + me == root))  # a block: the interpreter masks with it
-    peer = tl.load(members + j, mask=live, other=rank)
-    delta = (tl.load(members + GROUP + j, mask=live, other=mine) - mine) // 8
-    count = tl.load(seen + pid * world + peer, mask=live, other=0)
+    peer, delta, count = _members(members, seen + pid * world, j, live, mine, rank, GROUP)
     lo = pid * per
     hi = tl.minimum(lo + per, n)
     ar = tl.arange(0, BLOCK)
     _meet(row, peer, delta, live, count + 1, mark, rank, SPIN)
     if MODE == "scatter":
-        frm = inp + tl.multiple_of((tl.load(members + GROUP + root) - mine) // (16 // VEC), VEC) + me * n
+        frm = inp + _peer_offset(members + GROUP, root, mine, VEC) + me * n
         for s in range(lo, hi, BLOCK):
             o = s + ar
             mask = o < n
@@ -65,7 +62,7 @@ def rooted_kernel(inp, out, members, counters, seen, n, per, me, rank, root, wor
                 tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
         else:
             for q in tl.static_range(GROUP):
-                frm = inp + tl.multiple_of((tl.load(members + GROUP + q) - mine) // (16 // VEC), VEC)
+                frm = inp + _peer_offset(members + GROUP, q, mine, VEC)
                 for s in range(lo, hi, BLOCK):
                     o = s + ar
                     mask = o < n
@@ -92,11 +89,11 @@ def p2p_kernel(src, dst, counters, seen, heap_bases, n, per, rank, to, frm, worl
     peer = tl.where(j == 0, to, frm)
     live = (peer >= 0) & (peer != rank) & ((j == 0) | (j * 0 + frm != to))
     peer = tl.where(live, peer, rank)
-    delta = (tl.load(heap_bases + peer) - mine) // 8
+    delta = _peer_offset(heap_bases, peer, mine, 2)
     count = tl.load(seen + pid * world + peer, mask=live, other=0)
     _meet(row, peer, delta, live, count + 1, mark, rank, SPIN)
     if to >= 0:
-        far = dst + tl.multiple_of((tl.load(heap_bases + to) - mine) // (16 // VEC), VEC)
+        far = dst + _peer_offset(heap_bases, to, mine, VEC)
         lo = pid * per
         hi = tl.minimum(lo + per, n)
         for s in range(lo, hi, BLOCK):
@@ -116,9 +113,7 @@ def barrier_kernel(members, counters, seen, me, rank, world, GROUP: tl.constexpr
     mine = tl.load(members + GROUP + me)
     j = tl.arange(0, PEERS)
     live = (j < GROUP) & (j != me)
-    peer = tl.load(members + j, mask=live, other=rank)
-    delta = (tl.load(members + GROUP + j, mask=live, other=mine) - mine) // 8
-    count = tl.load(seen + peer, mask=live, other=0)
+    peer, delta, count = _members(members, seen, j, live, mine, rank, GROUP)
     _meet(counters, peer, delta, live, count + 1, mark, rank, SPIN)
     tl.store(seen + peer, count + 1, mask=live)
 
@@ -141,7 +136,7 @@ def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer
     VEC: tl.constexpr = 16 // (dst.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
     mine = tl.load(heap_bases + rank)
-    delta = (tl.load(heap_bases + peer) - mine) // 8
+    delta = _peer_offset(heap_bases, peer, mine, 2)
     count = counts + pid * world + peer
     e = tl.load(count) + 1
     one = tl.zeros([1], tl.int32)

@@ -22,9 +22,9 @@ graph replays advance them, and every group, rooted call or transfer between two
 import triton
 import triton.language as tl
 
-from ..device.atomics import atomic_xchg
-from ..device.rma import put
-from .kernels import _await
+from ...device.atomics import atomic_xchg
+from ...device.rma import put
+from .common import _a2a_index, _await, _tile_mn
 
 # what a call does; the symmetric ones (every member sends to every other) come first
 AR: tl.constexpr = tl.constexpr(0)        # all_reduce in one shot: every rank's whole input to every peer
@@ -43,17 +43,10 @@ P2P: tl.constexpr = tl.constexpr(12)      # send, recv, sendrecv (the roles say 
 # reductions, a run-time argument too
 MAX: tl.constexpr = tl.constexpr(1)
 MIN: tl.constexpr = tl.constexpr(2)
-# a member's role, in the bits of its entry in `peers` (the host knows them: puts.py)
+# a member's role, in the bits of its entry in `peers` (the host knows them: iris/ccl/puts.py)
 SENDS: tl.constexpr = tl.constexpr(1)     # this rank puts to it
 RECEIVES: tl.constexpr = tl.constexpr(2)  # it puts to this rank
 OWN: tl.constexpr = tl.constexpr(4)       # (this rank's own entry) its inp is part of what it writes
-
-
-@triton.jit
-def _a2a(o, c, cols, g):
-    """Where element o of column chunk c sits in a row-major (M, cols * g) tensor."""
-    m = o // cols
-    return m * (cols * g) + c * cols + (o - m * cols)
 
 
 @triton.jit
@@ -67,12 +60,9 @@ def _tile(o, q, M, N, tiles, bm, bn, gm, dist, g):
     t = tl.where(dist == 0, q + k * g, q * share + k)
     ok = (k < share) & (t < tiles)
     t = tl.where(ok, t, 0)
-    grid_m = tl.cdiv(M, bm)
-    in_group = gm * tl.cdiv(N, bn)
-    first_m = (t // in_group) * gm
-    rows = tl.minimum(grid_m - first_m, gm)
-    row = (first_m + (t % in_group) % rows) * bm + e // bn
-    col = ((t % in_group) // rows) * bn + e % bn
+    pm, pn = _tile_mn(t, tl.cdiv(M, bm), tl.cdiv(N, bn), gm)
+    row = pm * bm + e // bn
+    col = pn * bn + e % bn
     return row * N + col, ok & (row < M) & (col < N)
 
 
@@ -84,7 +74,7 @@ def _source(what, o, q, n, total, cols, g, M, N, tiles, bm, bn, gm, dist):
     if (what == AR2) | (what == RS) | (what == SCATTER):
         idx = q * n + o
     elif what == A2A:
-        idx = _a2a(o, q, cols, g)
+        idx = _a2a_index(o, q, cols, g)
     ok = (o < n) & (idx < total)
     if what == RST:
         idx, ok = _tile(o, q, M, N, tiles, bm, bn, gm, dist, g)
@@ -179,7 +169,7 @@ def _receive(inp, out, region, stage, flags, got, heap_bases, peers, what, op, r
                     if (what == AG) | (what == GATHER) | (what == AG2):
                         at = j * n + o
                     elif what == A2A:
-                        at = _a2a(o, j, cols, g)
+                        at = _a2a_index(o, j, cols, g)
                     ok = (o < r1) & (o < n)
                     if what == AG2:
                         ok = ok & (at < total)

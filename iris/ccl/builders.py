@@ -1,0 +1,266 @@
+"""The plans of ctx.ccl's load/store kernels, one builder per kernel, and the routing from a call's
+Config to its builder (or to put_kernel's plans where ctx.ccl moves data by puts).
+
+A whole-job builder allocates its workspace on the heap and ends with a barrier (every rank's flags
+are zero before any rank signals into them), so it is collective and runs outside CUDA graph
+capture; the group builder allocates nothing on the heap. Arguments are checked before a builder
+runs (iris/ccl/checks.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..allocators.offsets import round_up
+from .kernels.accumulate import accumulate_kernel
+from .kernels.group import group_kernel
+from .kernels.pull import pull_kernel
+from .kernels.push import gather_push_kernel, push_kernel
+from .kernels.ring import ring_gather_kernel, ring_kernel, ring_reduce_scatter_kernel
+from .kernels.shots import two_shot_kernel
+from .kernels.tiles import tile_reduce_scatter_kernel
+from .checks import not_capturing
+from .modes import elements
+from .plan import Plan, block_for, knobs, options, pow2, split
+from . import puts
+
+_KiB, _MiB = 1 << 10, 1 << 20
+
+
+def all_reduce(ccl, out, inp, op, cfg) -> Plan:
+    """all_reduce's plan for Config.all_reduce_variant ("auto": one_shot up to one_shot_max_bytes, else
+    two_shot_push; benchmarks/results/collectives_variants-gpu-2ranks.json chose the defaults)."""
+    n, w = inp.numel(), ccl.ctx.world
+    limit = cfg.one_shot_max_bytes or (4 * _MiB if w <= 2 else 256 * _KiB)
+    auto = "one_shot" if n * inp.element_size() <= limit or w == 1 else "two_shot_push"
+    variant = auto if cfg.all_reduce_variant == "auto" else cfg.all_reduce_variant
+    if ccl.puts:
+        return put(ccl, puts.all_reduce_kind(ccl, variant, auto), out, inp, None, op, cfg, whole=True)
+    not_capturing(ccl.ctx.device)
+    if variant == "one_shot":
+        return pull(ccl, "ar", out, inp, op, cfg)
+    if variant in ("atomic", "spinlock"):
+        return accumulate(ccl, out, inp, cfg, variant == "spinlock")
+    if variant == "ring":
+        return ring(ccl, out, inp, op, cfg)
+    return shots(ccl, out, inp, op, cfg, variant)
+
+
+def whole(ccl, mode, out, inp, op, cfg, src=0) -> Plan:
+    """The whole-job plan of all_gather ("ag"), reduce_scatter ("rs", "rst": Iris's layout), all_to_all
+    and broadcast, by Config variant."""
+    if ccl.puts:
+        if mode == "ag" and cfg.all_gather_variant != "pull":
+            puts.warn_variant(ccl, "all_gather", "all_gather_variant", cfg.all_gather_variant)
+        elif mode in ("rs", "rst") and cfg.reduce_scatter_variant == "ring_chunked":
+            puts.warn_variant(ccl, "reduce_scatter", "reduce_scatter_variant", cfg.reduce_scatter_variant)
+        return put(ccl, mode, out, inp, None, op, cfg, src, whole=True)
+    if mode == "ag" and cfg.all_gather_variant == "ring":
+        return ring_gather(ccl, out, inp, cfg)
+    if mode == "ag" and cfg.all_gather_variant != "pull":
+        return gather_push(ccl, out, inp, cfg)
+    if mode in ("rs", "rst") and cfg.reduce_scatter_variant == "ring_chunked":
+        return ring_reduce_scatter(ccl, out, inp, op, cfg, mode == "rst")
+    if mode == "rst":
+        return tile_reduce_scatter(ccl, out, inp, op, cfg)
+    return pull(ccl, mode, out, inp, op, cfg, src)
+
+
+def put(ccl, kind, out, inp, ranks, op, cfg, root=0, whole=False) -> Plan:
+    """put_kernel's plan for one call shape (iris/ccl/puts.py); whole: a whole-job call, which receives
+    into an area of its own on the heap."""
+    return puts.plan(ccl, kind, out, inp, ranks, knobs(cfg), op.value, root, cfg=cfg, whole=whole)
+
+
+def shots(ccl, out, inp, op, cfg, variant):
+    """two_shot (pull, then push), one_shot_push and two_shot_push."""
+    ctx, n, w = ccl.ctx, inp.numel(), ccl.ctx.world
+    block, warps = block_for(cfg.block_size, inp.dtype), 8
+    if variant == "two_shot_push":  # benchmarks/collectives.py --variants: 32 KiB of elements a step, 16 warps
+        block, warps = cfg.block_size or max(16, (32 * _KiB) // inp.element_size()), 16
+    one = variant == "one_shot_push"  # one-shot push: every rank's whole input in every peer's stage
+    strided = variant == "two_shot" and cfg.all_reduce_distribution == 0
+    if strided:  # whole blocks dealt round robin: a rank's share is a whole number of blocks
+        chunk = -(-(-(-n // block)) // w) * block
+    else:
+        chunk = round_up(n if one else -(-n // w), 16)
+    programs, per = split(chunk, block, cfg.comm_sms)
+    stage = ctx.empty((2 if one else 1) * w * chunk, dtype=inp.dtype)
+    gather = stage if one else ctx.empty(w * chunk, dtype=inp.dtype)
+    flags = ctx.zeros((1 if one else 2) * programs * w, dtype=torch.int64)
+    counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+    ctx.barrier()  # every rank's flags are zero before any rank signals into them
+    workspace = (stage, flags, counters) if one else (stage, gather, flags, counters)
+    common = dict(inp=inp, out=out, stage=stage, gather=gather, flags=flags, counters=counters,
+                  heap_bases=ctx.get_heap_bases(), n=n, chunk=chunk, per=per, rank=ctx.rank, WORLD=w,
+                  PEERS=pow2(w), OP=op.value, IS_FLOAT=inp.dtype.is_floating_point, IN_HEAP=False,
+                  OUT_HEAP=False, BLOCK=block, SPIN=cfg.spin_limit)
+    per_call = () if one else ("IN_HEAP", "OUT_HEAP")  # all_reduce passes where inp and out live
+    opts = options(cfg, warps)
+    if variant == "two_shot":
+        return Plan(two_shot_kernel, programs, opts, workspace, variant, per_call, STRIDED=strided, **common)
+    return Plan(push_kernel, programs, opts, workspace, variant, per_call,
+                parity_stride=w * chunk if one else 0, TWO_SHOT=not one, **common)
+
+
+def accumulate(ccl, out, inp, cfg, lock):
+    """atomic and spinlock: a heap accumulator (fp32 for floats) that every rank adds into."""
+    ctx, n, w = ccl.ctx, inp.numel(), ccl.ctx.world
+    block = _tile(cfg)
+    programs, per = split(n, block, cfg.comm_sms)
+    acc = ctx.empty(round_up(n, 16), dtype=torch.float32 if inp.dtype.is_floating_point else inp.dtype)
+    locks = ctx.zeros(-(-n // block) if lock else 1, dtype=torch.int64)
+    flags = ctx.zeros(3 * programs * w, dtype=torch.int64)
+    counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+    ctx.barrier()  # every rank's flags and locks are zero before any rank touches them
+    return Plan(accumulate_kernel, programs, options(cfg, 8), (acc, locks, flags, counters),
+                "spinlock" if lock else "atomic", inp=inp, out=out, acc=acc, locks=locks, flags=flags,
+                counters=counters, heap_bases=ctx.get_heap_bases(), n=n, per=per, rank=ctx.rank, WORLD=w,
+                PEERS=pow2(w), BLOCK=block, SPIN=cfg.spin_limit, LOCK=lock, TURNS=ctx.device.type != "cuda")
+
+
+def ring(ccl, out, inp, op, cfg):
+    """ring: tiles of world slices; a slot of one slice and a 0/1 flag per program on every rank."""
+    ctx, n, w = ccl.ctx, inp.numel(), ccl.ctx.world
+    slice_ = max(1, 1 << ((_tile(cfg) // w).bit_length() - 1)) if _tile(cfg) >= w else 1
+    tiles = -(-n // (slice_ * w))
+    rings = cfg.all_reduce_num_rings
+    programs = rings * max(1, min(cfg.comm_sms, tiles) // rings)
+    buf = ctx.zeros(programs * slice_, dtype=torch.float32 if inp.dtype.is_floating_point else inp.dtype)
+    flags = ctx.zeros(programs, dtype=torch.int64)
+    ctx.barrier()  # every rank's flags are zero before any rank signals into them
+    return Plan(ring_kernel, programs, options(cfg, 8), (buf, flags), "ring", inp=inp, out=out,
+                buf=buf, flags=flags, heap_bases=ctx.get_heap_bases(), n=n, tiles=tiles, rank=ctx.rank,
+                WORLD=w, OP=op.value, IS_FLOAT=inp.dtype.is_floating_point, SLICE=slice_, RINGS=rings,
+                SPIN=cfg.spin_limit)
+
+
+def gather_push(ccl, out, inp, cfg):
+    """all_gather persistent and partitioned: stores into the peers' out (a heap out) or stage."""
+    not_capturing(ccl.ctx.device)
+    ctx, n, w = ccl.ctx, inp.numel(), ccl.ctx.world
+    parted = cfg.all_gather_variant == "partitioned"
+    block = block_for(cfg.block_size, inp.dtype)
+    if parted:  # comm_sms // w programs per destination, each a range of inp
+        parts, per = split(n, block, min(cfg.comm_sms, max(1, cfg.comm_sms // w)))
+        programs = parts * w
+    else:
+        programs, per = split(n, block, cfg.comm_sms)
+    stage = ctx.empty(w * n, dtype=inp.dtype)
+    flags = ctx.zeros(2 * programs * w, dtype=torch.int64)
+    counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+    ctx.barrier()  # every rank's flags are zero before any rank signals into them
+    return Plan(gather_push_kernel, programs, options(cfg, 8), (stage, flags, counters),
+                cfg.all_gather_variant, ("OUT_HEAP",), inp=inp, out=out, stage=stage, flags=flags,
+                counters=counters, heap_bases=ctx.get_heap_bases(), n=n, per=per, rank=ctx.rank, WORLD=w,
+                PEERS=pow2(w), BLOCK=block, SPIN=cfg.spin_limit, OUT_HEAP=False, PARTITIONED=parted)
+
+
+def ring_gather(ccl, out, inp, cfg):
+    """all_gather ring: a slot of inp's size and a 0/1 flag per program on every rank."""
+    not_capturing(ccl.ctx.device)
+    ctx, n = ccl.ctx, inp.numel()
+    block = block_for(cfg.block_size, inp.dtype)
+    programs = max(1, min(cfg.comm_sms, -(-n // block)))
+    slot = ctx.empty(round_up(n, 16), dtype=inp.dtype)
+    flags = ctx.zeros(programs, dtype=torch.int64)
+    ctx.barrier()  # every rank's flags are zero before any rank hands over into them
+    return Plan(ring_gather_kernel, programs, options(cfg, 8), (slot, flags), "ring", inp=inp,
+                out=out, slot=slot, flags=flags, heap_bases=ctx.get_heap_bases(), n=n, rank=ctx.rank,
+                WORLD=ctx.world, BLOCK=block, SPIN=cfg.spin_limit)
+
+
+def ring_reduce_scatter(ccl, out, inp, op, cfg, tiled):
+    """reduce_scatter ring_chunked: units of a rank's part (Iris's tiles of its share, or blocks of
+    its rows), a slot of one part (fp32 for floats) and a 0/1 flag per program on every rank, and a
+    local buffer of partials for more than two ranks."""
+    not_capturing(ccl.ctx.device)
+    ctx, w, n = ccl.ctx, ccl.ctx.world, out.numel()
+    if tiled:
+        (m, cols), bm, bn, group = inp.shape, cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size
+        tiles = -(-m // bm) * -(-cols // bn)
+        units = -(-tiles // w)
+    else:
+        m, cols, bm, bn, group = 1, n, 1, block_for(cfg.block_size, inp.dtype), 1
+        tiles = units = -(-n // bn)
+    programs = max(1, min(cfg.comm_sms, units))
+    acc = torch.float32 if inp.dtype.is_floating_point else inp.dtype
+    slot = ctx.empty(units * bm * bn, dtype=acc)
+    part = torch.empty(units * bm * bn if w > 2 else 1, dtype=acc, device=ctx.device)
+    flags = ctx.zeros(programs, dtype=torch.int64)
+    ctx.barrier()  # every rank's flags are zero before any rank hands over into them
+    return Plan(ring_reduce_scatter_kernel, programs, options(cfg, 8), (slot, flags), "ring_chunked",
+                inp=inp, out=out, slot=slot, part=part, flags=flags, heap_bases=ctx.get_heap_bases(), n=n, M=m,
+                N=cols, tiles=tiles, units=units, rank=ctx.rank, WORLD=w, BM=bm, BN=bn, GROUP_M=group,
+                DIST=cfg.all_reduce_distribution, TILED=tiled, OP=op.value, SPIN=cfg.spin_limit)
+
+
+def tile_reduce_scatter(ccl, out, inp, op, cfg):
+    """reduce_scatter in Iris's layout: Iris's tiles, a stage of inp in two copies (by epoch parity)."""
+    not_capturing(ccl.ctx.device)
+    ctx, w = ccl.ctx, ccl.ctx.world
+    (m, n), bm, bn = inp.shape, cfg.block_size_m, cfg.block_size_n
+    tiles = -(-m // bm) * -(-n // bn)
+    programs = max(1, min(cfg.comm_sms, -(-tiles // w)))
+    cs = round_up(m * n, 16)
+    stage = ctx.empty(2 * cs, dtype=inp.dtype)
+    flags = ctx.zeros(programs * w, dtype=torch.int64)
+    counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+    ctx.barrier()  # every rank's flags are zero before any rank signals into them
+    return Plan(tile_reduce_scatter_kernel, programs, options(cfg, 4), (stage, flags, counters),
+                "two_shot", inp=inp, out=out, stage=stage, flags=flags, counters=counters,
+                heap_bases=ctx.get_heap_bases(), M=m, N=n, tiles=tiles, parity_stride=cs, rank=ctx.rank,
+                WORLD=w, PEERS=pow2(w), BM=bm, BN=bn, GROUP_M=cfg.swizzle_size,
+                DIST=cfg.all_reduce_distribution, OP=op.value, IS_FLOAT=inp.dtype.is_floating_point,
+                SPIN=cfg.spin_limit)
+
+
+def pull(ccl, mode, out, inp, op, cfg, src=0):
+    not_capturing(ccl.ctx.device)
+    ctx, w = ccl.ctx, ccl.ctx.world
+    n = elements(mode, out, inp, w)
+    chunks = w if mode in ("rs", "a2a") else 1
+    block = block_for(cfg.block_size, inp.dtype)
+    cs = round_up(n, 16)
+    programs, per = split(n, block, cfg.comm_sms)
+    stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
+    flags = ctx.zeros(programs * w, dtype=torch.int64)
+    counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
+    ctx.barrier()  # every rank's flags are zero before any rank signals into them
+    return Plan(pull_kernel, programs, options(cfg, 8), (stage, flags, counters), "one_shot",
+                inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
+                n=n, cs=cs, per=per, parity_stride=chunks * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
+                rank=ctx.rank, src=src, WORLD=w, PEERS=pow2(w), MODE=mode, OP=op.value,
+                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit)
+
+
+def group(ccl, mode, out, inp, ranks, op, cfg, src):
+    """The group kernel's plan: no heap workspace (ranks outside the group never call, and heap
+    allocation is collective), only this rank's device tensors: the group's members and the
+    kernel's seen counts, both built outside capture."""
+    not_capturing(ccl.ctx.device, "the first call of a group collective at a new shape builds small device tensors",
+                  "call it once")
+    ctx, g = ccl.ctx, len(ranks)
+    counters, seen = pair_state(ccl)
+    n = elements(mode, out, inp, g)
+    block = block_for(cfg.block_size, inp.dtype)
+    programs, per = split(n, block, min(cfg.comm_sms, counters.shape[0]))
+    return Plan(group_kernel, programs, options(cfg, 8), (), "group", ("STAGED",),
+                inp=inp, out=out, scratch=out, members=ccl.groups.members(ranks), counters=counters, seen=seen, n=n,
+                per=per, cols=inp.shape[1] // g if mode == "a2a" else 1, me=ranks.index(ctx.rank), rank=ctx.rank,
+                src=ranks.index(src) if mode == "bc" else 0, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode,
+                OP=op.value, IS_FLOAT=inp.dtype.is_floating_point, STAGED=False, BLOCK=block, SPIN=cfg.spin_limit)
+
+
+def pair_state(ccl) -> tuple:
+    """(counters, seen): the pairwise counters in iris's reserve and this rank's seen counts (shared by
+    the group and pair kernels, built once outside capture)."""
+    counters = ccl.ctx.reserve.group_counters
+    if ccl.seen is None:
+        ccl.seen = torch.zeros_like(counters)
+    return counters, ccl.seen
+
+
+def _tile(cfg) -> int:
+    """Elements per tile of atomic, spinlock and ring: Config.block_size, else block_size_m * block_size_n
+    (Iris's tile of the flattened tensor)."""
+    return cfg.block_size or cfg.block_size_m * cfg.block_size_n

@@ -1,0 +1,17 @@
+"""The Triton kernels of ctx.ccl, one module per algorithm: pull (stage, one flag exchange, read the
+peers), shots (two-shot all_reduce), push (by remote stores: all_reduce and all_gather), accumulate
+(atomic and spinlock all_reduce), ring (all_reduce, all_gather, reduce_scatter around the ring),
+tiles (reduce_scatter in Iris's tile layout), group (any collective over a subset group), pair
+(rooted collectives, point to point, the group barrier, the mailbox), put (every collective as puts,
+for jobs with indirect peers); common holds the pieces they share.
+
+Synchronisation never leaves the device. Each program p of a launch owns a row of flags on every
+rank and an epoch counter in this rank's memory; it increments its counter (so CUDA graph replays
+advance it too), writes the new epoch into row p, slot `rank`, of every peer's flags with release at
+sys scope, and spins with acquire until its own row holds that epoch from every peer. Flags only
+grow (the rings' 0/1 hand-overs return to 0 by themselves), so nothing is ever reset. Program p of
+one rank waits only for program p of the others (every rank splits the work the same way), never for
+a program of its own launch, so the Triton interpreter, which runs programs one after another, works
+too. Interpreter atomics are not atomic across processes, so under it the accumulating kernels take
+turns (TURNS); on a GPU they race for real.
+"""

@@ -1,0 +1,149 @@
+"""Collectives by remote stores only: the push all_reduce (one or two shots) and the push all_gather
+(persistent: each program stores its range into every rank; partitioned: the programs are split by
+destination rank)."""
+import triton
+import triton.language as tl
+
+from .common import _combine, _epoch, _exchange, _peer_offset, _signal_wait, _start
+
+
+@triton.jit
+def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, per, parity_stride, rank,
+                WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
+                IN_HEAP: tl.constexpr, OUT_HEAP: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr,
+                TWO_SHOT: tl.constexpr):
+    """all_reduce with remote stores only (on NVLink, posted writes reach more bandwidth than loads that
+    wait for their data). Every rank writes into slot `rank` of peer q's stage what q reduces: chunk q of
+    its input (TWO_SHOT) or all of it (one shot); one exchange; then each rank reduces its part locally,
+    its own input and the WORLD-1 slots in rank order (identical bits everywhere). Two-shot then stores
+    the reduced chunk into every peer's out (OUT_HEAP: out is the same heap tensor on every rank) or
+    gather buffer, exchanges again and copies gather into out. inp is read once, on the heap or not
+    (IN_HEAP is unused: plans pass both residences).
+    n elements; chunk: elements per slot, a multiple of 16 (n/WORLD rounded up for two-shot, n rounded
+    up for one-shot); per: elements of a slot per program, a multiple of BLOCK. One-shot alternates
+    between two stages (parity_stride apart) by epoch parity, so one exchange is enough: a rank writes
+    a stage again only after every peer entered the next call, so finished reading it. Two-shot's second
+    exchange does that for its single stage and gather buffer."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, chunk)
+    buf = stage + (e % 2) * parity_stride
+    ar = tl.arange(0, BLOCK)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        for q in tl.static_range(WORLD):
+            if q != rank:
+                if TWO_SHOT:
+                    g = q * chunk + i
+                else:
+                    g = i
+                mask = (i < hi) & (g < n)
+                x = tl.load(inp + g, mask=mask)
+                peer = buf + _peer_offset(heap_bases, q, mine, VEC)
+                tl.store(peer + rank * chunk + i, x, mask=mask)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        if TWO_SHOT:
+            g = rank * chunk + i
+        else:
+            g = i
+        mask = (i < hi) & (g < n)
+        for q in tl.static_range(WORLD):
+            if q == rank:
+                v = tl.load(inp + g, mask=mask)
+            else:
+                v = tl.load(buf + q * chunk + i, mask=mask)
+            y = v.to(tl.float32) if IS_FLOAT else v
+            if q == 0:
+                acc = y
+            else:
+                acc = _combine(acc, y, OP)
+        r = acc.to(out.dtype.element_ty)
+        tl.store(out + g, r, mask=mask)
+        if TWO_SHOT:
+            for q in tl.static_range(WORLD):
+                if q != rank:
+                    delta = _peer_offset(heap_bases, q, mine, VEC)
+                    if OUT_HEAP:
+                        tl.store(out + delta + g, r, mask=mask)
+                    else:
+                        tl.store(gather + delta + g, r, mask=mask)
+    if TWO_SHOT:
+        _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+        if not OUT_HEAP:
+            for c in tl.static_range(WORLD):
+                if c != rank:
+                    for s in range(lo, hi, BLOCK):
+                        i = s + ar
+                        g = c * chunk + i
+                        mask = (i < hi) & (g < n)
+                        tl.store(out + g, tl.load(gather + g, mask=mask), mask=mask)
+
+
+@triton.jit
+def gather_push_kernel(inp, out, stage, flags, counters, heap_bases, n, per, rank,
+                       WORLD: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr,
+                       OUT_HEAP: tl.constexpr, PARTITIONED: tl.constexpr):
+    """all_gather by remote stores: out (WORLD * n) gets rank q's inp (n) at q * n. Persistent: program
+    p stores elements [p * per, (p+1) * per) of inp into every rank. PARTITIONED: the programs form
+    WORLD equal groups; program p of group g stores its range (p mod the group size) into rank
+    rank + g only, and learns of the range rank - g wrote into it. OUT_HEAP: stores go straight into
+    the peers' out (the same heap tensor on every rank), else into their stage (laid out as out),
+    copied into out at the end. Two signals: "entered" (a rank writes into a peer only after the
+    peer's previous use of out or stage is over) and "written"."""
+    VEC: tl.constexpr = 16 // (inp.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    e = _epoch(counters, pid)
+    mine = tl.load(heap_bases + rank)
+    peers = tl.arange(0, PEERS)
+    live = (peers < WORLD) & (peers != rank)
+    if PARTITIONED:
+        parts = tl.num_programs(0) // WORLD
+        g = pid // parts
+        lo = (pid % parts) * per
+        dest = (rank + g) % WORLD
+        frm = (rank - g + WORLD) % WORLD
+        writers = live & (peers == frm)
+        targets = live & (peers == dest)
+    else:
+        lo = pid * per
+        dest = rank
+        frm = rank
+        writers = live
+        targets = live
+    hi = tl.minimum(lo + per, n)
+    ar = tl.arange(0, BLOCK)
+    if OUT_HEAP:
+        dst = out
+    else:
+        dst = stage
+    rows = tl.num_programs(0) * WORLD
+    _signal_wait(flags + pid * WORLD, e, rank, heap_bases, writers, targets, PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        o = s + ar
+        mask = o < hi
+        x = tl.load(inp + o, mask=mask)
+        if PARTITIONED:
+            if dest == rank:
+                tl.store(out + rank * n + o, x, mask=mask)
+            else:
+                tl.store(dst + _peer_offset(heap_bases, dest, mine, VEC) + rank * n + o, x, mask=mask)
+        else:
+            for i in tl.static_range(WORLD):
+                q = (rank + i) % WORLD
+                if q == rank:
+                    tl.store(out + rank * n + o, x, mask=mask)
+                else:
+                    tl.store(dst + _peer_offset(heap_bases, q, mine, VEC) + rank * n + o, x, mask=mask)
+    _signal_wait(flags + rows + pid * WORLD, e, rank, heap_bases, targets, writers, PEERS, SPIN)
+    if not OUT_HEAP:
+        for q in tl.static_range(WORLD):
+            if PARTITIONED:
+                wrote = (q == frm) & (q != rank)
+            else:
+                wrote = q != rank
+            if wrote:
+                for s in range(lo, hi, BLOCK):
+                    o = q * n + s + ar
+                    mask = s + ar < hi
+                    tl.store(out + o, tl.load(stage + o, mask=mask), mask=mask)

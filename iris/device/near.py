@@ -1,0 +1,99 @@
+"""Accesses to memory this process maps (a direct peer's heap, through the translated pointer), shared by
+rma, atomics and sync and by indirect.py's NVSHMEM paths, and INDIRECT_PEERS, the switch between them.
+
+What matters:
+- INDIRECT_PEERS is one tl.constexpr object that every module reading it imports: Triton folds it, so
+  where it is False (a job without indirect peers) no NVSHMEM code is in any kernel. It is read from
+  IRIS_INDIRECT_PEERS when iris is imported, and use_indirect_peers() turns it on when the context's
+  heap has an indirect peer. Set it before the first kernel compiles: Triton compares a kernel's
+  globals at each launch and refuses one compiled under the other value.
+- _atomic is the one definition of the nine atomics on a mapped pointer: the public atomics (and the
+  DeviceContext methods through them), Gluon's IrisDeviceCtx (the same body compiled by gluon.jit)
+  and the indirect path's direct side all call it. Each device-function call costs the Triton
+  interpreter a patch of triton.language, so the public functions call it directly, not through a
+  dispatcher of their own.
+"""
+import triton
+import triton.language as tl
+
+from .. import settings
+from . import nvshmem as nv
+
+INDIRECT_PEERS: tl.constexpr = tl.constexpr(bool(settings.INDIRECT_PEERS.get()))
+# atomic operations: NVSHMEM's codes where it has the operation (the far path hands them on), then the two it lacks
+ADD: tl.constexpr = nv.AMO_ADD
+CAS: tl.constexpr = nv.AMO_CAS
+XCHG: tl.constexpr = nv.AMO_SWAP
+AND: tl.constexpr = nv.AMO_AND
+OR: tl.constexpr = nv.AMO_OR
+XOR: tl.constexpr = nv.AMO_XOR
+MIN: tl.constexpr = tl.constexpr(7)
+MAX: tl.constexpr = tl.constexpr(8)
+
+
+def use_indirect_peers() -> None:
+    """Compile the NVSHMEM path into iris's device functions from now on (a heap with an indirect peer)."""
+    # re-initialised in place, never rebound: rma, atomics, sync and indirect hold this same object
+    INDIRECT_PEERS.__init__(True)
+
+
+@triton.jit
+def _load(p, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr, eviction_policy: tl.constexpr):
+    # ptxas (CUDA 12.8/12.9, sm_90) fails on ld.volatile with a cache operator: volatile already
+    # bypasses the caches, so the modifier is dropped there rather than compiled into a bad instruction.
+    if volatile:
+        out = tl.load(p, mask=mask, other=other, eviction_policy=eviction_policy, volatile=True)
+    else:
+        out = tl.load(p, mask=mask, other=other, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+    return out
+
+
+@triton.jit
+def _atomic(OP: tl.constexpr, p, val, cmp, mask, sem: tl.constexpr, scope: tl.constexpr):
+    """Atomic OP (ADD .. MAX; cmp is compare-and-swap's expected value) on the mapped pointer(s) p;
+    returns the old values. mask, sem, scope: as tl.atomic_* (compare-and-swap takes no mask)."""
+    if OP == ADD:
+        out = tl.atomic_add(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == CAS:
+        out = tl.atomic_cas(p, cmp, val, sem=sem, scope=scope)
+    elif OP == XCHG:
+        out = tl.atomic_xchg(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == AND:
+        out = tl.atomic_and(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == OR:
+        out = tl.atomic_or(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == XOR:
+        out = tl.atomic_xor(p, val, mask=mask, sem=sem, scope=scope)
+    elif OP == MIN:
+        out = tl.atomic_min(p, val, mask=mask, sem=sem, scope=scope)
+    else:
+        out = tl.atomic_max(p, val, mask=mask, sem=sem, scope=scope)
+    return out
+
+
+@triton.jit
+def _unmet(cur, value, cmp: tl.constexpr):
+    tl.static_assert(cmp == "eq" or cmp == "ne" or cmp == "ge" or cmp == "gt" or cmp == "le" or cmp == "lt",
+                     "cmp must be one of eq, ne, ge, gt, le, lt")
+    if cmp == "eq":
+        out = cur != value
+    elif cmp == "ne":
+        out = cur == value
+    elif cmp == "ge":
+        out = cur < value
+    elif cmp == "gt":
+        out = cur <= value
+    elif cmp == "le":
+        out = cur > value
+    else:
+        out = cur >= value
+    return out
+
+
+@triton.jit
+def _spin(p, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
+    """Polls the flag at p (this process's mapping) until it compares CMP to value; returns it."""
+    cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
+    while _unmet(cur, value, CMP):
+        cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
+    return cur

@@ -1,0 +1,219 @@
+"""Collectives on one tile at a time, called from inside a user's kernel (Iris's tile API): every
+rank's program that holds tile (pid_m, pid_n) calls the same function for that tile, and the tile's
+data moves between the ranks' heaps while the rest of the kernel goes on.
+
+Called as DeviceContext methods (ctx.all_reduce_one_shot(tile, src_view, dst_view, locks), ...);
+each function here takes that ctx first, or a Ranks (all they use of it: code below the tracing
+layer, such as iris.ops, builds one from heap_bases). Views are iris.make_tensor_view's over heap tensors (the
+same tensor on every rank); a tile is iris.Tile (with data) or iris.TileView. Edge tiles are masked
+to the view, so M and N need not be multiples of the block.
+
+What each rank must have done before the call, and what holds after it:
+- all_reduce_atomic, all_reduce_spinlock: dst is zero on every rank before any rank adds (zero it,
+  then a barrier); after every rank's kernel has finished (a barrier), dst holds the sum everywhere.
+- all_reduce_one_shot, all_reduce_two_shot, reduce_scatter: the caller first stores its tile.data
+  into src_view (its own heap) and then sets locks[tile_id] to 1 in its own heap with release at sys
+  scope (tl.debug_barrier() first, so every thread's stores are ordered before it); tile_id is
+  pid_m * cdiv(N, BLOCK_N) + pid_n. The function waits, with acquire at sys scope, for that lock
+  to read 1 on each rank it reads from. Locks start at 0 and are not reset here: zero them and
+  barrier before the next use. One-shot writes this rank's dst when it returns; two-shot and
+  reduce_scatter write dst of the tile's owner rank (two-shot: then every rank's), complete everywhere
+  after a barrier.
+- all_reduce_ring, all_gather, all_to_all, gather: no flags. Data read from peers (ring, all_to_all,
+  gather) must be complete before the kernel starts (a barrier); stores into peers (all_gather)
+  are complete after every rank's kernel has finished (a barrier).
+Sums are taken in rank order 0..world-1 in float32 for float16/bfloat16 (integers and float32 in
+their own type), so every rank gets the same bits; atomic and spinlock add in arrival order.
+
+Every dtype of the host collectives (float32, bfloat16, float16, int32, int64) works; atomic adds of
+bfloat16 compile on GPUs only (Triton's interpreter has no bfloat16 atomic add). Peers are reached
+through iris's load, store, atomics and wait, so a job with indirect peers (NVSHMEM) takes their
+indirect path with no change here.
+"""
+import triton
+import triton.language as tl
+
+from .aggregate import aggregate
+from .atomics import atomic_add, atomic_cas, atomic_xchg
+from .rma import load, store
+from .sync import wait
+
+
+@aggregate
+class Ranks:
+    """This rank and the world size (constexprs) and heap_bases (ctx.get_heap_bases()): the part of a
+    DeviceContext the tile collectives use."""
+    rank: tl.constexpr
+    world_size: tl.constexpr
+    heap_bases: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, rank, world_size, heap_bases):
+        self.rank = tl.constexpr(rank)
+        self.world_size = tl.constexpr(world_size)
+        self.heap_bases = heap_bases
+
+
+@triton.jit
+def _widen(x):
+    """x in the type its sum is taken in: float32 for 16-bit floats, its own type otherwise."""
+    if x.dtype == tl.float16 or x.dtype == tl.bfloat16:
+        out = x.to(tl.float32)
+    else:
+        out = x
+    return out
+
+
+@triton.jit
+def _tile_id(tile, view):
+    """The tile's index in row-major tile order over view: what locks are indexed by."""
+    return tile.pid_m * tl.cdiv(view.N, tile.block_n) + tile.pid_n
+
+
+@triton.jit
+def _sum(ctx, own, src, mask, locks, tile_id, WAIT: tl.constexpr):
+    """Every rank's tile at src (this rank's from own, the values it holds; own None: read src too)
+    summed in rank order. WAIT: first wait for each peer's locks[tile_id] to read 1."""
+    for r in tl.static_range(ctx.world_size):
+        if r == ctx.rank and own is not None:
+            part = _widen(own)
+        else:
+            if WAIT:
+                wait(locks + tile_id, 1, ctx.rank, r, ctx.heap_bases, "eq", "acquire", "sys")
+                tl.debug_barrier()  # every thread's loads below come after the acquire
+            part = _widen(load(src, ctx.rank, r, ctx.heap_bases, mask=mask, other=0))
+        if r == 0:
+            acc = part
+        else:
+            acc = acc + part
+    return acc
+
+
+@triton.jit
+def all_reduce_atomic(ctx, tile, dst_view):
+    """Adds tile.data into dst_view's tile on every rank with atomic adds (relaxed, sys scope).
+
+    dst must be zero on every rank before any rank adds; the sum is complete after every rank's
+    kernel has finished. Dtypes: those of iris.atomic_add (bfloat16 on GPUs only)."""
+    ptrs, mask = dst_view.tile_ptr(tile)
+    for i in tl.static_range(ctx.world_size):
+        atomic_add(ptrs, tile.data, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=mask,
+                   sem="relaxed", scope="sys")
+
+
+@triton.jit
+def all_reduce_spinlock(ctx, tile, dst_view, locks):
+    """Adds tile.data into dst_view's tile on every rank under that rank's lock locks[tile_id]
+    (int32, zero when free): take it (compare-and-swap 0 -> 1, acquire, sys), read, add, write,
+    release it (exchange to 0, release, sys). Any dtype; dst starts at zero on every rank, and the
+    sum is complete after every rank's kernel has finished. Locks are free again afterwards."""
+    tile_id = _tile_id(tile, dst_view)
+    ptrs, mask = dst_view.tile_ptr(tile)
+    for i in tl.static_range(ctx.world_size):
+        r = (ctx.rank + i) % ctx.world_size
+        held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
+        while held != 0:
+            held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
+        tl.debug_barrier()  # the whole program reads after the lock is taken ...
+        cur = load(ptrs, ctx.rank, r, ctx.heap_bases, mask=mask, other=0)
+        new = (_widen(cur) + _widen(tile.data)).to(ptrs.dtype.element_ty)
+        store(ptrs, new, ctx.rank, r, ctx.heap_bases, mask=mask)
+        tl.debug_barrier()  # ... and has written before it is released
+        atomic_xchg(locks + tile_id, 0, ctx.rank, r, ctx.heap_bases, sem="release", scope="sys")
+
+
+@triton.jit
+def all_reduce_one_shot(ctx, tile, src_view, dst_view, locks):
+    """Writes the sum of every rank's tile into this rank's dst_view: waits for each peer's
+    locks[tile_id] to read 1 and reads its tile from src_view; this rank's part is tile.data."""
+    src, mask = src_view.tile_ptr(tile)
+    dst, dst_mask = dst_view.tile_ptr(tile)
+    acc = _sum(ctx, tile.data, src, mask, locks, _tile_id(tile, dst_view), True)
+    tl.store(dst, acc.to(dst.dtype.element_ty), mask=dst_mask)
+
+
+@triton.jit
+def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks):
+    """The tile's owner (tile_id % world_size) sums every rank's tile as one-shot does and writes it
+    into dst_view on every rank; the other ranks only publish (their caller set their lock)."""
+    tile_id = _tile_id(tile, dst_view)
+    if tile_id % ctx.world_size == ctx.rank:
+        src, mask = src_view.tile_ptr(tile)
+        dst, dst_mask = dst_view.tile_ptr(tile)
+        out = _sum(ctx, tile.data, src, mask, locks, tile_id, True).to(dst.dtype.element_ty)
+        for i in tl.static_range(ctx.world_size):
+            store(dst, out, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=dst_mask)
+
+
+@triton.jit
+def all_reduce_ring(ctx, tile, src_view, dst_view):
+    """Writes the sum of every rank's src_view tile into this rank's dst_view. No flags: src must be
+    complete on every rank before the kernel starts. tile: a Tile or TileView (its data is unused)."""
+    src, mask = src_view.tile_ptr(tile)
+    dst, dst_mask = dst_view.tile_ptr(tile)
+    acc = _sum(ctx, None, src, mask, None, 0, False)
+    tl.store(dst, acc.to(dst.dtype.element_ty), mask=dst_mask)
+
+
+@triton.jit
+def reduce_scatter(ctx, tile, src_view, dst_view, locks):
+    """Tiles are owned in contiguous runs: rank r owns tile ids [r*T//w, (r+1)*T//w) of the T tiles
+    of dst_view (the last rank also the remainder). The owner waits for each peer's lock, sums every
+    rank's tile (its own from tile.data) and writes it into its own dst_view; other ranks only publish."""
+    tile_id = _tile_id(tile, dst_view)
+    per_rank = dst_view.number_of_tiles(tile.block_m, tile.block_n) // ctx.world_size
+    first = per_rank * ctx.rank
+    if ctx.rank == ctx.world_size - 1:
+        owned = tile_id >= first
+    else:
+        owned = (tile_id >= first) & (tile_id < first + per_rank)
+    if owned:
+        src, mask = src_view.tile_ptr(tile)
+        dst, dst_mask = dst_view.tile_ptr(tile)
+        acc = _sum(ctx, tile.data, src, mask, locks, tile_id, True)
+        tl.store(dst, acc.to(dst.dtype.element_ty), mask=dst_mask)
+
+
+@triton.jit
+def all_gather(ctx, tile, dst_view, dim: tl.constexpr):
+    """Stores this rank's tile into its part of dst_view on every rank: dst_view is the gathered
+    tensor (world*M x N for dim 0, M x world*N for dim 1) and this rank's part starts at row (dim 0)
+    or column (dim 1) rank * M (or N). The tile is masked to the local M x N, so edge tiles never
+    write into the next rank's part."""
+    tl.static_assert(dim == 0 or dim == 1, "all_gather: dim must be 0 (rows) or 1 (columns)")
+    rows, cols = tile.indices()
+    if dim == 0:
+        local_m = dst_view.M // ctx.world_size
+        mine = (rows[:, None] < local_m) & (cols[None, :] < dst_view.N)
+        ptrs, mask = dst_view.tile_ptr_from_indices(rows + local_m * ctx.rank, cols)
+    else:
+        local_n = dst_view.N // ctx.world_size
+        mine = (rows[:, None] < dst_view.M) & (cols[None, :] < local_n)
+        ptrs, mask = dst_view.tile_ptr_from_indices(rows, cols + local_n * ctx.rank)
+    for i in tl.static_range(ctx.world_size):
+        store(ptrs, tile.data, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=mine & mask)
+
+
+@triton.jit
+def gather(ctx, tile, src_view, source_rank, hint: tl.constexpr = None):
+    """source_rank's values of the tile in src_view (0 outside the view); hint: as iris.load's."""
+    ptrs, mask = src_view.tile_ptr(tile)
+    return load(ptrs, ctx.rank, source_rank, ctx.heap_bases, mask=mask, other=0, hint=hint)
+
+
+@triton.jit
+def all_to_all(ctx, tile, src_view, dst_view, n_per_rank):
+    """Fills this rank's dst_view tile from the peers: columns [s*n_per_rank, (s+1)*n_per_rank) of
+    dst come from rank s's src columns [rank*n_per_rank, (rank+1)*n_per_rank). Both views are
+    M x world*n_per_rank; src must be complete on every rank before the kernel starts."""
+    rows, cols = tile.indices()
+    dst, dst_mask = dst_view.tile_ptr(tile)
+    owner = cols // n_per_rank
+    # tensors lead these products: the interpreter wraps constexpr * tensor in a constexpr
+    src, src_mask = src_view.tile_ptr_from_indices(rows, cols - owner * n_per_rank + n_per_rank * ctx.rank)
+    first = (tile.pid_n * tile.block_n) // n_per_rank
+    last = (tile.pid_n * tile.block_n + tile.block_n - 1) // n_per_rank
+    for s in tl.static_range(ctx.world_size):
+        if (s >= first) & (s <= last):
+            mask = dst_mask & src_mask & (owner[None, :] == s)
+            tl.store(dst, load(src, ctx.rank, s, ctx.heap_bases, mask=mask), mask=mask)
