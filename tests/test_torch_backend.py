@@ -69,6 +69,32 @@ def test_heap_size_setting_refuses(monkeypatch, raw):
         heap_size_setting()
 
 
+@pytest.mark.parametrize("options, match", [("heap_size=-1", "heap_size"), ("staging_bytes=0", "staging_bytes"),
+                                            ("mailbox_bytes=2", "mailbox_bytes"), ("heap_size=True", "heap_size")])
+def test_bad_options_are_refused_before_anything_is_made(options, match):
+    """One rank, torch's own store: the check runs in the backend's creator, before the heap."""
+    code = ("import torch.distributed as d, iris; from iris.torch_backend import Options\n"
+            "try:\n"
+            f"    d.init_process_group('iris', pg_options=Options({options}), init_method='tcp://127.0.0.1:{_port()}', "
+            "rank=0, world_size=1)\n"
+            "except ValueError as e:\n"
+            "    print('refused:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert f"refused: Options({match}=" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_pg_options_of_another_type_are_refused():
+    code = ("import torch.distributed as d, iris\n"
+            "try:\n"
+            f"    d.init_process_group('iris', pg_options=object(), init_method='tcp://127.0.0.1:{_port()}', "
+            "rank=0, world_size=1)\n"
+            "except TypeError as e:\n"
+            "    print('refused:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert "refused: pg_options for the 'iris' backend must be iris.torch_backend.Options" in proc.stdout, \
+        proc.stdout + proc.stderr
+
+
 def test_every_op_against_gloo_under_iris_run():
     """Every collective, dtype family and op on 2 ranks against gloo, every element; send/recv rings."""
     _run([sys.executable, "-m", "iris.run", "-n", "2", PROGRAM, "cpu", "ops,p2p"], 2)

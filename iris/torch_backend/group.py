@@ -44,11 +44,7 @@ class _Shared:
         staging = options.staging_bytes
         if staging is None:
             staging = max(_MIN_CLASS * (ctx.world + 1), ctx.heap_size // 4)
-        if isinstance(staging, bool) or not isinstance(staging, int) or staging <= 0:
-            raise ValueError(f"Options(staging_bytes={staging!r}): give a positive number of bytes")
         words = options.mailbox_bytes // 4
-        if isinstance(options.mailbox_bytes, bool) or words < 1:
-            raise ValueError(f"Options(mailbox_bytes={options.mailbox_bytes!r}): give at least 4 bytes")
         self.staging = ctx.empty(staging, dtype=torch.uint8)
         self.mailbox = ctx.ccl.init_p2p(max_numel=words, dtype=torch.int32)
         self.words = words
@@ -61,6 +57,7 @@ def create(dist_options, options):
     if not isinstance(options, Options):
         raise TypeError(f"pg_options for the {NAME!r} backend must be iris.torch_backend.Options, got "
                         f"{type(options).__name__}")
+    _check(options)
     rank, size = dist_options.group_rank, dist_options.group_size
     ranks = list(dist_options.global_ranks_in_group) or list(range(size))
     ctx = options.ctx
@@ -78,6 +75,21 @@ def create(dist_options, options):
                              f"{size}; adopt a context of the whole job")
         _shared[ctx] = _Shared(ctx, range(ctx.world), options)
     return IrisGroup(ctx, _shared[ctx], rank, size, ranks, dist_options.group_id)
+
+
+def _count(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int)
+
+
+def _check(options) -> None:
+    """Options' sizes, checked before anything is allocated."""
+    for name in ("heap_size", "staging_bytes"):
+        value = getattr(options, name)
+        if value is not None and not (_count(value) and value > 0):
+            raise ValueError(f"Options({name}={value!r}): give a positive int number of bytes, e.g. {1 << 26}")
+    if not (_count(options.mailbox_bytes) and options.mailbox_bytes >= 4):
+        raise ValueError(f"Options(mailbox_bytes={options.mailbox_bytes!r}): give an int of at least 4 bytes "
+                         f"(the default is {1 << 20})")
 
 
 def context_of(group=None):
