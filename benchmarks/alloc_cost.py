@@ -3,6 +3,7 @@ and (--sweep) how ctx.empty + ctx.free grows with the heap's state, against torc
 
     python -m iris.run -n 2 benchmarks/alloc_cost.py [--sizes-mib 1] [--counts 1 10 100 1000]
     python -m iris.run -n 2 benchmarks/alloc_cost.py --sweep
+    python -m iris.run -n 2 benchmarks/alloc_cost.py --reuse [--sizes 4096 1048576 67108864]
 
 Default: for each count N of 1 MiB allocations, the time per allocation inside already-mapped
 memory, with heap growth (vmem: a fresh heap, chunks created and exchanged as they are needed),
@@ -15,9 +16,20 @@ the same size is timed alternately with it, as the reference, in batches of 25 c
 (of the batches' per-call times) is the lowest of three rounds. A freed block returns to the pool
 at the next collective point, so a ctx.collect() follows each batch, timed apart (its median is
 reported, and the pair's cost with it spread over the batch). Writes benchmarks/results/.
+
+--reuse: the loops of a memory-constrained program, per allocator and size, on a fresh heap each:
+"local" (ctx.empty + ctx.free), "tp_step" (empty, fill, ctx.ccl.all_reduce, free) and "scope"
+(`with ctx.scope(): ctx.empty(...)`). After a warm-up, for each: the distinct offsets handed out
+and the bytes mapped (the heap's high-water), growths and host collectives per iteration (the
+group's own count), and the medians of the allocation's cost and of
+torch.empty + del of the same size, timed in alternating batches in the same run (tp_step: the
+empty + free of each step, timed alone). No ctx.collect() anywhere: a freed block must come back
+by itself. Writes alloc_cost_reuse-<host|gpu>-<N>ranks.json.
 """
 import argparse
 import functools
+import json
+import os
 import statistics
 import sys
 import time
@@ -187,6 +199,100 @@ def _print_sweep(rows):
               f"{r['ratio_with_collect_per_batch']:13.2f}")
 
 
+def _batched(fn, reps, batch):
+    """Per-call seconds of fn, one median over batches of `batch` calls."""
+    clock, out = time.perf_counter, []
+    for _ in range(max(1, reps // batch)):
+        t0 = clock()
+        for _ in range(batch):
+            fn()
+        out.append((clock() - t0) / batch)
+    return out
+
+
+def reuse_loop(ctx, loop, nbytes, reps, tp_steps, batch=25):
+    """One loop on one heap: the row described in the module docstring."""
+    dev, offsets = ctx.get_device(), set()
+    n = nbytes // 4
+
+    def local():
+        t = ctx.empty(n, dtype=torch.float32)
+        offsets.add(ctx.heap.offset_of(t))
+        ctx.free(t)
+
+    def scoped():
+        with ctx.scope():
+            offsets.add(ctx.heap.offset_of(ctx.empty(n, dtype=torch.float32)))
+
+    def reference():
+        t = torch.empty(n, dtype=torch.float32, device=dev)
+        del t
+
+    step = scoped if loop == "scope" else local
+    for _ in range(3):  # warm-up: first blocks, kernels compiled, ccl's workspaces
+        if loop == "tp_step":
+            x = ctx.empty(n, dtype=torch.float32)
+            x.fill_(1.0)
+            ctx.ccl.all_reduce(x, x)
+            ctx.free(x)
+        else:
+            step()
+    ctx.barrier()
+    offsets.clear()
+    collectives, stats = ctx.group.collectives, dict(ctx.heap.stats)
+    ours, ref, iters = [], [], 0
+    if loop == "tp_step":
+        clock = time.perf_counter
+        for i in range(tp_steps):
+            t0 = clock()
+            x = ctx.empty(n, dtype=torch.float32)
+            t1 = clock()
+            offsets.add(ctx.heap.offset_of(x))
+            x.fill_(float(i))
+            ctx.ccl.all_reduce(x, x)
+            t2 = clock()
+            ctx.free(x)
+            t3 = clock()
+            ours.append(t1 - t0 + t3 - t2)
+            ref += _batched(reference, 1, 1)
+        iters = tp_steps
+    else:
+        for _ in range(3):
+            ours += _batched(step, reps, batch)
+            ref += _batched(reference, reps, batch)
+        iters = 3 * max(1, reps // batch) * batch
+    committed = getattr(ctx.heap.alloc, "committed", 0)
+    return {"loop": loop, "bytes": nbytes, "iterations": iters, "distinct_offsets": len(offsets),
+            "mapped_bytes": committed, "growths": ctx.heap.stats["growths"] - stats["growths"],
+            "exchanges": ctx.heap.stats["exchanges"] - stats["exchanges"],
+            "host_collectives_per_iteration": (ctx.group.collectives - collectives) / iters,
+            "iris_median_us": 1e6 * statistics.median(ours), "torch_empty_del_median_us": 1e6 * statistics.median(ref),
+            "ratio_to_torch": statistics.median(ours) / statistics.median(ref)}
+
+
+def reuse(args):
+    rows = []
+    for allocator in args.allocators.split(","):
+        for nbytes in args.sizes:
+            heap = max(256 << 20, 4 * nbytes)
+            with iris.iris(heap_size=heap, allocator=allocator) as ctx:
+                for loop in ("local", "tp_step", "scope"):
+                    reps = args.reps if nbytes < (64 << 20) or torch.cuda.is_available() else max(25, args.reps // 4)
+                    row = reuse_loop(ctx, loop, nbytes, reps, args.tp_steps)
+                    rows.append({"allocator": allocator, "heap_size": heap, **row})
+                    if ctx.get_rank() == 0:
+                        r = rows[-1]
+                        print(f"{allocator:>8} {loop:>8} {nbytes:>9} offsets={r['distinct_offsets']} "
+                              f"mapped={r['mapped_bytes']} growths={r['growths']} "
+                              f"collectives/it={r['host_collectives_per_iteration']:.3f} "
+                              f"iris={r['iris_median_us']:.2f}us torch={r['torch_empty_del_median_us']:.2f}us "
+                              f"ratio={r['ratio_to_torch']:.2f}", flush=True)
+                        if args.out_partial:
+                            with open(args.out_partial, "a") as f:
+                                f.write(json.dumps(rows[-1]) + "\n")
+    return rows
+
+
 def _state(text):
     live, holes = text.split(":")
     return int(float(live)), int(float(holes))
@@ -208,8 +314,20 @@ def main():
     ap.add_argument("--counts", type=int, nargs="+", default=[1, 10, 100, 1000])
     ap.add_argument("--size-mib", type=float, default=1.0)
     ap.add_argument("--heap-gib", type=float, default=8.0)
+    ap.add_argument("--reuse", action="store_true", help="the reuse loops (local, tp_step, scope) per allocator and size")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 1 << 20, 64 << 20], help="bytes, for --reuse")
+    ap.add_argument("--tp-steps", type=int, default=50, help="iterations of the tp_step loop, for --reuse")
+    ap.add_argument("--out-partial", default=None, help="--reuse: append each row to this file as it is made")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.reuse:
+        rows = reuse(args)
+        if int(os.environ.get("IRIS_RANK", 0)) == 0:
+            payload = {"reps": args.reps, "tp_steps": args.tp_steps, "rows": rows,
+                       "ranks_per_gpu": int(os.environ.get("IRIS_WORLD_SIZE", 1)) // max(1, torch.cuda.device_count())
+                       if torch.cuda.is_available() else 0}
+            print("wrote", write_result("alloc_cost_reuse", payload, args.out))
+        return
     rank, world = init_torch_distributed()
     if args.sweep:
         rows = sweep(args)

@@ -10,8 +10,9 @@ from importlib import import_module as _import_module, util as _util
 
 from . import settings as _settings
 from .errors import (AddressMapError, BootstrapError, CaptureError, CheckpointError, CollectiveError, ConfigError,
-                     ContextClosed, DriverError, GluonUnavailable, HeapOutOfMemory, IndirectPeerError, IrisError,
-                     NvshmemUnavailable, ProviderUnavailable, ReadError, SettingError, SpansHostsError,
+                     ContextClosed, DriverError, FactoryArgumentError, GluonUnavailable, HeapOutOfMemory,
+                     IndirectPeerError, IrisError, NvshmemUnavailable, ProviderUnavailable, ReadError, ReuseTimeout,
+                     SettingError, SpansHostsError,
                      SymmetryError)
 from .platform import detect as _detect
 
@@ -54,9 +55,10 @@ def __dir__():
 
 
 __all__ = ["AddressMapError", "BootstrapError", "CaptureError", "CheckpointError", "CollectiveError", "ConfigError",
-           "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR", "GluonUnavailable", "HeapOutOfMemory",
-           "INFO", "IndirectPeerError", "Iris", "IrisError", "NvshmemUnavailable", "ProviderUnavailable", "ReadError",
-           "SettingError", "SpansHostsError", "SymmetryError", "TensorView", "Tile", "TileView", "TraceEvent",
+           "ContextClosed", "DEBUG", "DeviceContext", "DriverError", "ERROR", "FactoryArgumentError", "GluonUnavailable",
+           "HeapOutOfMemory", "INFO", "IndirectPeerError", "Iris", "IrisError", "NvshmemUnavailable", "ProviderUnavailable",
+           "ReadError", "ReuseTimeout", "SettingError", "SpansHostsError", "SymmetryError", "TensorView", "Tile", "TileView",
+           "TraceEvent",
            "WARNING", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",
            "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load", "logger",
            "make_tensor_view", "put", "set_logger_level", "signal", "spawn", "store", "translate", "wait"]

@@ -11,48 +11,38 @@ from typing import Optional
 import torch
 
 from . import distributed, settings
-from .allocators import ALIASES, ALLOCATORS
+from .allocators import ALLOCATORS, allocator_named, check_heap_size
 from .device_name import DeviceName
 from .errors import IrisError
-from .factory_args import check_layout, check_pin_memory, out_as, restride
 from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
-from .device import indirect as _indirect
 from .device.translate import HIDDEN, bases_table
 from .heap import SymmetricHeap, reach
 from .heap import reserve as _reserve
 from .heap.reserve import Reserve
+from .heap.lifetime import FreedTensor, detach
 from .platform import get_driver
-from .validate import ClosedHeap, heap_tensor, plain_request, request
+from .validate import ClosedHeap, heap_tensor
 
-_STRIDED, _CONTIGUOUS = torch.strided, torch.contiguous_format  # the factories' defaults, looked up once
-def _shape(size) -> torch.Size:
-    """torch's size convention: ints, or one tuple/list/Size (nested ones unwrapped, as Iris does)."""
-    while len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-        size = tuple(size[0])
-    for s in size:
-        if isinstance(s, bool) or not isinstance(s, int):
-            raise TypeError(f"sizes must be ints, got {type(s).__name__} {s!r} in {tuple(size)}")
-        if s < 0:
-            raise ValueError(f"negative dimension {s} in size {tuple(size)}")
-        if s >= 1 << 63:
-            raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
-    return torch.Size(size)
+_STRIDED, _CONTIGUOUS, _PRESERVE = torch.strided, torch.contiguous_format, torch.preserve_format  # torch's defaults
 
 
-def _use_nvshmem_device_api(device: torch.device) -> None:
-    from .device import indirect, nvshmem
-    major, minor = torch.cuda.get_device_capability(device)
-    nvshmem.enable(10 * major + minor)
-    indirect.use_indirect_peers()
-
-
-def _check_heap_size(heap_size) -> int:
-    if isinstance(heap_size, bool) or not isinstance(heap_size, int):
-        raise TypeError(f"heap_size must be an int number of bytes, got {type(heap_size).__name__} {heap_size!r}")
-    if heap_size <= 0:
-        raise ValueError(f"heap_size must be positive, got {heap_size}; e.g. heap_size=1 << 30 for 1 GiB")
-    return heap_size
+def _check_no_other_views(t: torch.Tensor, block, base: int, rank: int) -> None:
+    """IRIS_DEBUG=1: raise naming the other tensors over the block that t's free would give back
+    (base: where this rank's heap starts)."""
+    import gc
+    lo, hi = block.offset, block.offset + max(block.nbytes, 1)
+    others = []
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor and o is not t and o.device == t.device:
+            start = o.untyped_storage().data_ptr() - base + o.storage_offset() * o.element_size()
+            if lo <= start < hi:
+                others.append(f"{tuple(o.shape)} {o.dtype} at byte {start - lo}")
+    if others or block.tensors > 1:
+        named = "; ".join(others) if others else f"{block.tensors - 1} peer view(s) or storage handle(s)"
+        raise IrisError(f"rank {rank}: ctx.free of the block at heap offset {block.offset} ({block.nbytes} bytes) "
+                        f"while other tensors still view it: {named}. They would reach memory that a later "
+                        "allocation takes; drop them (del) before the free")
 
 
 class Iris:
@@ -65,16 +55,12 @@ class Iris:
 
     def __init__(self, heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,
                  timeout: Optional[float] = None, allocator_type: Optional[str] = None, group=None):
-        heap_size = _check_heap_size(heap_size)
+        heap_size = check_heap_size(heap_size)
         if allocator is not None and allocator_type is not None and allocator != allocator_type:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
         name = settings.ALLOCATOR.get() or allocator or allocator_type or "torch"
-        name = ALIASES.get(name, name)
-        if name not in ALLOCATORS:
-            raise ValueError(f"unknown allocator {name!r}; use one of {sorted(ALLOCATORS)} (argument or IRIS_ALLOCATOR)")
-        self.allocator_name = name
-        self._imported = {}  # (address, nbytes, dtype, shape) of an imported tensor -> (heap view, tensor)
-        self._imported_at = {}  # heap offset -> keys of _imported there, so free forgets an import in O(1)
+        self.allocator_name = name = allocator_named(name)
+        self._debug = settings.DEBUG.get()  # ctx.free's check of other views
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout) if group is None else group
         self.rank, self.world = self.group.rank, self.group.world
@@ -96,14 +82,9 @@ class Iris:
                 self.device = torch.device("cuda", index)
             puts = _reserve.puts_expected(ALLOCATORS[name], self.world, self.group)
             reserve = _reserve.size(self.world, puts)
-            alloc = ALLOCATORS[name](self.driver, heap_size + reserve, self.device, self.group)
-            alloc.reserved = reserve
-            if heap_size % alloc.granularity:
-                warnings.warn(f"heap_size={heap_size} is not a multiple of the {alloc.granularity}-byte chunk of the "
-                              f"{name} allocator: rounded up; the heap holds {alloc.size - reserve} bytes", stacklevel=2)
+            alloc = ALLOCATORS[name](self.driver, heap_size + reserve, self.device, self.group, reserved=reserve)
             self.heap = SymmetricHeap(alloc, self.driver, self.group, self.device)
-            if 0 in self.heap.bases or _indirect.INDIRECT_PEERS:  # kernels compiled from now on carry NVSHMEM calls
-                _use_nvshmem_device_api(self.device)
+            reach.use_device_api(self.heap.bases, self.device)
             # whether some rank has an indirect peer: every rank must pick the same collectives
             indirect = not getattr(ALLOCATORS[name], "one_host", True) and any(
                 self.group.allgather(0 in self.heap.bases, "indirect peers"))
@@ -117,6 +98,7 @@ class Iris:
             # allocated first, so no scope() or free can take it
             self.reserve = Reserve(self.heap.new_tensor(torch.Size((reserve,)), torch.uint8), self.world, ccl_puts,
                                    indirect)
+            self.heap.use_counters(self.reserve.progress)  # reuse of freed blocks, in stream order
             self._device_context = None
             self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
@@ -193,9 +175,10 @@ class Iris:
 
     # -- host collectives --------------------------------------------------
     def broadcast(self, value, src: int = 0, *, source_rank: Optional[int] = None):
-        """src's value on every rank: a Python object, number, numpy array, or tensor (returned on
-        the heap's device). Collective: all ranks, same order; only src's value is read."""
-        return broadcast(self.group, value, src if source_rank is None else source_rank, self.device)
+        """src's value on every rank: a Python object, number or numpy array; a tensor comes back as a
+        numpy array, as Iris's does (torch.from_numpy(...).to(ctx.device) for a tensor). Collective:
+        all ranks, same order; only src's value is read."""
+        return broadcast(self.group, value, src if source_rank is None else source_rank)
 
     def barrier(self, stream=None, group=None) -> None:
         """Waits for this rank's device work (on `stream` only, if given), then for every rank.
@@ -219,35 +202,39 @@ class Iris:
         return self.heap.peer_tensor(t, rank)
 
     def free(self, t: torch.Tensor) -> None:
-        """Take t's block out of use now; it is reused once the work every rank queued before the free
-        has finished (known at a later collective point). Collective: all ranks free the same tensors in the same
-        order. t must cover its whole block (the tensor a factory returned, or a view of all of it);
-        freeing a block twice raises. Tensors that are simply dropped are freed at the next
-        collective point instead (see collect)."""
+        """Give t's block back now: the next allocation of its size takes it, and waits in stream order
+        (no host collective) for the work every rank queued before its free. Collective: all ranks free
+        the same tensors in the same order. t must cover its whole block (the tensor a factory
+        returned, or a view of all of it); freeing a block twice raises. Afterwards t no longer
+        reaches the block: any use of it raises. Views of it made before still do: with IRIS_DEBUG=1
+        freeing a block that other tensors view raises naming them. Tensors that are simply dropped
+        are freed at the next collective point instead (see collect)."""
         heap = self.heap
-        if type(t) is torch.Tensor:  # the usual call: the factory's tensor itself, not a copied import
-            block = heap._at.get(t.data_ptr() - heap._base)  # addresses are unique in a process: no device check
-            if block is not None and block.nbytes == t.nbytes != 0 and block.offset not in self._imported_at:
+        if type(t) is torch.Tensor and not self._debug:  # the usual call: the factory's tensor itself, not a copied import
+            block = heap.block_at(t.data_ptr())  # addresses are unique in a process: no device check
+            if block is not None and block.nbytes == t.nbytes != 0 and not heap.as_symmetric.imported_at(block.offset):
                 heap.free_block(block)
+                detach(t)
                 return
+        if isinstance(t, FreedTensor):
+            raise ValueError("free: this tensor was freed already (by ctx.free); it reaches no memory now")
         block, offset = heap.block_of(heap_tensor(t, "free"))
         nbytes = t.nbytes
         if offset != block.offset or nbytes != block.nbytes:
             raise ValueError(f"free takes a tensor that covers its whole block: this one covers bytes "
                              f"[{offset - block.offset}, {offset - block.offset + nbytes}) of a {block.nbytes}-byte "
                              "block (a slice or part of it); free the tensor the factory returned")
+        if self._debug:
+            _check_no_other_views(t, block, heap._base, self.rank)
         self.heap.free(offset)
-        keys = self._imported_at.get(offset) if self._imported_at else None
-        if keys:  # forget the import this was (one of those at this offset, its shape and dtype first)
-            key = next((k for k in keys if k[2] == t.dtype and k[3] == tuple(t.shape)), keys[0])
-            keys.remove(key)
-            del self._imported[key]
-            if not keys:
-                del self._imported_at[offset]
+        heap.as_symmetric.forget(offset, t)  # if it was an import, importing its source again makes a new one
+        if type(t) is torch.Tensor:
+            detach(t)
 
     def collect(self) -> int:
-        """Wait for this rank's device work, then release the blocks whose tensors are gone on every rank
-        and the blocks freed before; returns the bytes released.
+        """Wait for this rank's device work, then free the blocks whose tensors are gone on every rank
+        (and unmap freed imports no tensor covers); returns those bytes. After it, blocks freed
+        before are reused with no wait on the peers.
 
         A heap tensor that is dropped (no view, slice or peer view of it left) is queued on its rank;
         queued blocks are released at collective points (heap growth, barrier, trim, close, and
@@ -259,150 +246,75 @@ class Iris:
         """Give memory with no live tensor back to the device; returns bytes released. Collective."""
         return self.heap.trim()
 
-    def _made(self, size, dtype, device, out, requires_grad, fill=None) -> torch.Tensor:
-        """A new heap tensor (or out, checked), filled outside autograd. requires_grad is checked here
-        and set by the caller, last, so that a restrided result is still a leaf."""
-        if device is not None:
-            self._check_device(device)
-        shape, dtype = request(size, dtype, requires_grad, _shape)
-        if out is not None:
-            if not self.is_symmetric(out) or out.shape != shape or out.dtype != dtype:
-                raise ValueError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
-                                 f"{'a heap' if self.is_symmetric(out) else 'a non-heap'} tensor of shape "
-                                 f"{tuple(out.shape)} and dtype {out.dtype}")
-            t = out
-        else:
-            t = self.heap.new_tensor(shape, dtype)
-        if fill is not None:
-            with torch.no_grad():
-                fill(t)
-        return t
-
-    def _check_device(self, device) -> None:
-        if device is not None and torch.device(device).type != self.device.type:
-            raise ValueError(f"the heap lives on {self.device}; got device={device!r} (leave it out)")
-
-    def _copied(self, ref: torch.Tensor, out, requires_grad) -> torch.Tensor:
-        t = self._made(ref.shape, ref.dtype, None, out, requires_grad, lambda t: t.copy_(ref))
-        return t.requires_grad_(requires_grad) if requires_grad else t
-
-    # -- factories (collective: all ranks, same order, same sizes) ---------
-    # torch's keywords: layout (strided only), pin_memory (no effect: a warning), memory_format, device (this
-    # heap's), out (a heap tensor of as many elements; returned viewed with the size asked for).
-    def _factory(self, size, dtype, device, out, requires_grad, fill=None, layout=None, pin_memory=False,
-                 memory_format=None, like=None) -> torch.Tensor:
-        if (out is None and device is None and like is None and not requires_grad and not pin_memory
-                and (layout is torch.strided or layout is None)
-                and (memory_format is torch.contiguous_format or memory_format is None)):
-            plain = plain_request(size, dtype)
-            if plain is not None:  # the usual call, checked in full: one allocation, one view
-                t = self.heap.new_tensor(*plain)
-                if fill is not None:
-                    with torch.no_grad():
-                        fill(t)
-                return t
-        check_layout(layout)
-        check_pin_memory(pin_memory)
-        shape = _shape(size if isinstance(size, tuple) else (size,))
-        out = out_as(out, shape)
-        t = self._made((shape,), dtype, device, out, requires_grad, fill)
-        if out is None:
-            t = restride(t, memory_format, like)
-        return t.requires_grad_(requires_grad) if requires_grad else t
-
+    # -- factories (iris/heap/factories.py): torch's signatures; collective: all ranks, same order, same sizes
     def empty(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False,
               pin_memory=False, memory_format=_CONTIGUOUS) -> torch.Tensor:
-        if (out is None and device is None and layout is _STRIDED and memory_format is _CONTIGUOUS
-                and not requires_grad and not pin_memory):  # the usual call: _factory's short path, inlined
-            plain = plain_request(size, dtype)
-            if plain is not None:
-                return self.heap.new_tensor(*plain)
-        return self._factory(size, dtype, device, out, requires_grad, None, layout, pin_memory, memory_format)
+        return self.heap.factories.empty(*size, out=out, dtype=dtype, layout=layout, device=device, requires_grad=
+                                         requires_grad, pin_memory=pin_memory, memory_format=memory_format)
 
-    def zeros(self, *size, out=None, dtype=None, layout=torch.strided, device=None,
-              requires_grad=False) -> torch.Tensor:
-        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.fill_(0), layout)
+    def zeros(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False) -> torch.Tensor:
+        return self.heap.factories.zeros(*size, out=out, dtype=dtype, layout=layout, device=device,
+                                         requires_grad=requires_grad)
 
-    def ones(self, *size, out=None, dtype=None, layout=torch.strided, device=None, requires_grad=False) -> torch.Tensor:
-        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.fill_(1), layout)
+    def ones(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False) -> torch.Tensor:
+        return self.heap.factories.ones(*size, out=out, dtype=dtype, layout=layout, device=device,
+                                        requires_grad=requires_grad)
 
-    def full(self, size, fill_value, *, out=None, dtype=None, layout=torch.strided, device=None,
+    def full(self, size, fill_value, *, out=None, dtype=None, layout=_STRIDED, device=None,
              requires_grad=False) -> torch.Tensor:
-        if dtype is None:  # torch infers it from the fill value
-            dtype = torch.full((), fill_value).dtype
-        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.fill_(fill_value), layout)
-
-    def _like(self, t, dtype, layout, device, requires_grad, memory_format, fill=None) -> torch.Tensor:
-        return self._factory(tuple(t.shape), dtype or t.dtype, device, None, requires_grad, fill, layout,
-                             memory_format=memory_format, like=t)
+        return self.heap.factories.full(size, fill_value, out=out, dtype=dtype, layout=layout, device=device,
+                                        requires_grad=requires_grad)
 
     def empty_like(self, t, *, dtype=None, layout=None, device=None, requires_grad=False,
-                   memory_format=torch.preserve_format) -> torch.Tensor:
-        return self._like(t, dtype, layout, device, requires_grad, memory_format)
+                   memory_format=_PRESERVE) -> torch.Tensor:
+        return self.heap.factories.empty_like(t, dtype=dtype, layout=layout, device=device,
+                                              requires_grad=requires_grad, memory_format=memory_format)
 
     def zeros_like(self, t, *, dtype=None, layout=None, device=None, requires_grad=False,
-                   memory_format=torch.preserve_format) -> torch.Tensor:
-        return self._like(t, dtype, layout, device, requires_grad, memory_format, lambda x: x.fill_(0))
+                   memory_format=_PRESERVE) -> torch.Tensor:
+        return self.heap.factories.zeros_like(t, dtype=dtype, layout=layout, device=device,
+                                              requires_grad=requires_grad, memory_format=memory_format)
 
     def ones_like(self, t, *, dtype=None, layout=None, device=None, requires_grad=False,
-                  memory_format=torch.preserve_format) -> torch.Tensor:
-        return self._like(t, dtype, layout, device, requires_grad, memory_format, lambda x: x.fill_(1))
+                  memory_format=_PRESERVE) -> torch.Tensor:
+        return self.heap.factories.ones_like(t, dtype=dtype, layout=layout, device=device,
+                                             requires_grad=requires_grad, memory_format=memory_format)
 
     def full_like(self, t, fill_value, *, dtype=None, layout=None, device=None, requires_grad=False,
-                  memory_format=torch.preserve_format) -> torch.Tensor:
-        return self._like(t, dtype, layout, device, requires_grad, memory_format, lambda x: x.fill_(fill_value))
-
-    def _ranged(self, ref: torch.Tensor, out, layout, requires_grad) -> torch.Tensor:
-        check_layout(layout)
-        return self._copied(ref, out_as(out, ref.shape), requires_grad)
+                  memory_format=_PRESERVE) -> torch.Tensor:
+        return self.heap.factories.full_like(t, fill_value, dtype=dtype, layout=layout, device=device,
+                                             requires_grad=requires_grad, memory_format=memory_format)
 
     def arange(self, start: Number, end: Optional[Number] = None, step: Number = 1, *, out=None, dtype=None,
-               layout=torch.strided, device=None, requires_grad=False) -> torch.Tensor:
-        self._check_device(device)
-        if end is None:
-            start, end = 0, start
-        ref = torch.arange(start, end, step, dtype=dtype if dtype else (out.dtype if out is not None else None),
-                           device=self.device)
-        return self._ranged(ref, out, layout, requires_grad)
+               layout=_STRIDED, device=None, requires_grad=False) -> torch.Tensor:
+        return self.heap.factories.arange(start, end, step, out=out, dtype=dtype, layout=layout, device=device,
+                                          requires_grad=requires_grad)
 
-    def linspace(self, start, end, steps: int, *, out=None, dtype=None, layout=torch.strided, device=None,
+    def linspace(self, start, end, steps: int, *, out=None, dtype=None, layout=_STRIDED, device=None,
                  requires_grad=False) -> torch.Tensor:
-        self._check_device(device)
-        ref = torch.linspace(start, end, steps, dtype=dtype if dtype else (out.dtype if out is not None else None),
-                             device=self.device)
-        return self._ranged(ref, out, layout, requires_grad)
+        return self.heap.factories.linspace(start, end, steps, out=out, dtype=dtype, layout=layout, device=device,
+                                            requires_grad=requires_grad)
 
-    def rand(self, *size, generator=None, out=None, dtype=None, layout=torch.strided, device=None,
+    def rand(self, *size, generator=None, out=None, dtype=None, layout=_STRIDED, device=None,
              requires_grad=False, pin_memory=False):
-        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.uniform_(0, 1, generator=generator),
-                             layout, pin_memory)
+        return self.heap.factories.rand(*size, generator=generator, out=out, dtype=dtype, layout=layout,
+                                        device=device, requires_grad=requires_grad, pin_memory=pin_memory)
 
-    def randn(self, *size, generator=None, out=None, dtype=None, layout=torch.strided, device=None,
+    def randn(self, *size, generator=None, out=None, dtype=None, layout=_STRIDED, device=None,
               requires_grad=False, pin_memory=False):
-        return self._factory(size, dtype, device, out, requires_grad, lambda t: t.normal_(0, 1, generator=generator),
-                             layout, pin_memory)
+        return self.heap.factories.randn(*size, generator=generator, out=out, dtype=dtype, layout=layout,
+                                         device=device, requires_grad=requires_grad, pin_memory=pin_memory)
 
     def uniform(self, *size, low: float = 0.0, high: float = 1.0, generator=None, out=None, dtype=None,
-                layout=torch.strided, device=None, requires_grad=False):
-        if not low < high:
-            raise ValueError(f"uniform needs low < high, got low={low} high={high}")
-        return self._factory(size, dtype, device, out, requires_grad,
-                             lambda t: t.uniform_(low, high, generator=generator), layout)
+                layout=_STRIDED, device=None, requires_grad=False):
+        return self.heap.factories.uniform(*size, low=low, high=high, generator=generator, out=out, dtype=dtype,
+                                           layout=layout, device=device, requires_grad=requires_grad)
 
-    def randint(self, *args, size=None, generator=None, out=None, dtype=torch.int64, layout=torch.strided,
+    def randint(self, *args, size=None, generator=None, out=None, dtype=torch.int64, layout=_STRIDED,
                 device=None, requires_grad=False):
         """randint(high, size) or randint(low, high, size), as torch.randint."""
-        if size is not None:
-            args = (*args, size)
-        if len(args) == 2:
-            args = (0, *args)
-        if len(args) != 3:
-            raise TypeError("randint takes (high, size) or (low, high, size)")
-        low, high, size = args
-        if not low < high:
-            raise ValueError(f"randint needs low < high, got low={low} high={high}")
-        return self._factory(size, dtype, device, out, requires_grad,
-                             lambda t: t.random_(low, high, generator=generator), layout)
+        return self.heap.factories.randint(*args, size=size, generator=generator, out=out, dtype=dtype,
+                                           layout=layout, device=device, requires_grad=requires_grad)
 
     # -- importing existing tensors ----------------------------------------
     def as_symmetric(self, t, copy: Optional[bool] = None):
@@ -414,61 +326,7 @@ class Iris:
         copies. ctx.is_zero_copy(result) tells which. Importing t again returns the same view.
         t may be a list or tuple of tensors: one batched import, one exchange for all; returns a list.
         """
-        batch = isinstance(t, (list, tuple))
-        tensors = list(t) if batch else [t]
-        if copy not in (None, True, False):
-            raise TypeError(f"copy must be None, True or False, got {copy!r}")
-        for x in tensors:
-            self._check_importable(x)
-        keys = [self._import_key(x) for x in tensors]
-        out, todo, first = [None] * len(tensors), [], {}
-        for i, (x, key) in enumerate(zip(tensors, keys)):
-            if self.heap.contains(x):
-                out[i] = x
-            elif key in self._imported:
-                out[i] = self._imported[key][0]
-            elif key not in first:  # a repeat in this batch takes its first occurrence's view
-                first[key] = i
-                todo.append(i)
-        call = f"as_symmetric({len(todo)} tensors)" if batch else f"as_symmetric({tuple(t.shape)}, {t.dtype})"
-        offsets = [None] * len(todo)
-        if todo and self.heap.alloc.vmm and copy is not True:
-            xs = [tensors[i] for i in todo]
-            offsets = self.heap.adopt([keys[i][:2] for i in todo], [(tuple(x.shape), str(x.dtype)) for x in xs], call)
-        for i, offset in zip(todo, offsets):
-            x = tensors[i]
-            out[i] = self.heap.tensor(offset, x.shape, x.dtype) if offset is not None else self._copy_in(x, copy, call)
-            self._imported[keys[i]] = (out[i], x)  # holding x keeps its allocator off the memory
-            self._imported_at.setdefault(self.heap.offset_of(out[i]), []).append(keys[i])
-        for i, key in enumerate(keys):
-            if out[i] is None:
-                out[i] = out[first[key]]
-        return out if batch else out[0]
-
-    def _check_importable(self, t) -> None:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"as_symmetric takes a torch.Tensor (or a list of them), got {type(t).__name__}")
-        if t.device != self.device:
-            raise ValueError(f"as_symmetric: the tensor is on {t.device} but this rank's heap is on {self.device}; "
-                             f"move it first (t.to('{self.device}'))")
-        if not t.is_contiguous():
-            raise ValueError("as_symmetric needs a contiguous tensor (its bytes must be one range); "
-                             "call t.contiguous() first, which copies")
-
-    def _import_key(self, t: torch.Tensor) -> tuple:
-        return self.heap.address(t), t.numel() * t.element_size(), t.dtype, tuple(t.shape)
-
-    def _copy_in(self, t: torch.Tensor, copy: Optional[bool], call: str) -> torch.Tensor:
-        why = (f"the {self.allocator_name} allocator cannot map memory it did not allocate; use allocator='vmem'"
-               if not self.heap.alloc.vmm else
-               "its memory (on some rank) is not VMM-backed; on GPUs set "
-               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch allocates it, on the host "
-               "use t.share_memory_()")
-        if copy is False:
-            raise ValueError(f"{call}: zero copy is impossible: {why}")
-        if copy is None:
-            warnings.warn(f"{call} copied {t.numel() * t.element_size()} bytes into the heap: {why}", stacklevel=3)
-        return self._copied(t, None, False)
+        return self.heap.as_symmetric(t, copy)
 
     # -- allocations with their address maps (Iris's allocate_symmetric) ---
     def allocate_symmetric(self, *size, dtype=None):
@@ -476,27 +334,18 @@ class Iris:
         where rank r's copy sits in this process; a kernel translates with peer_bases[to] + (ptr -
         peer_bases[me]), or passes the table in place of heap_bases. Raises if a peer is reachable
         only through NVSHMEM (entry 0). Collective: all ranks, same order, same sizes."""
-        t, amap = self.allocate_symmetric_map(*size, dtype=dtype)
+        t, amap = self.heap.allocate_symmetric_map(*size, dtype=dtype)
         return t, amap.direct_table()
 
     def allocate_symmetric_map(self, *size, dtype=None):
         """(tensor, SymmetricAddressMap): as allocate_symmetric, with which peers are direct.
         Collective: all ranks, same order, same sizes."""
-        t = self.empty(*size, dtype=dtype)
-        return t, self.symmetric_address_map(t)
+        return self.heap.allocate_symmetric_map(*size, dtype=dtype)
 
     def symmetric_address_map(self, t: torch.Tensor):
         """The SymmetricAddressMap of the allocation t lies in (a view maps to its whole allocation,
         so translation stays exact); KeyError if t is not in a live allocation of this heap."""
-        from .experimental.symmetric_memory import address_map
-        if not isinstance(t, torch.Tensor) or not self.heap.contains(t):
-            raise KeyError("the tensor is not on this heap: allocate it with ctx.allocate_symmetric or a factory")
-        try:
-            block = self.heap.block_of(t)[0]
-        except ValueError as e:
-            raise KeyError(str(e)) from None
-        bases = [b + block.offset if b else 0 for b in self.heap.bases]
-        return address_map(bases, self.rank, self.world, bases[self.rank], block.nbytes, self.device)
+        return self.heap.address_map(t)
 
     def load_safetensors(self, path, shard=None, names=None, **options) -> dict:
         """name -> heap tensor, read from a safetensors file, list of files or directory of shards
@@ -511,13 +360,13 @@ class Iris:
 
     def is_zero_copy(self, t: torch.Tensor) -> bool:
         """Whether t is a heap view that aliases memory imported by as_symmetric."""
-        return self.heap.contains(t) and self.heap.is_adopted(self.heap.offset_of(t))
+        return self.heap.as_symmetric.is_zero_copy(t)
 
     @contextmanager
     def scope(self):
         """Frees, at exit, every block the factories allocated inside that is still live, newest
         last, whether or not tensors over it remain. Collective: all ranks."""
-        mark = self.heap._serial + 1
+        mark = self.heap.next_serial()
         try:
             yield self
         finally:
@@ -531,7 +380,8 @@ class Iris:
         if getattr(self, "heap", None) is not None:
             if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
-            self._imported, self._imported_at = {}, {}
+            if not isinstance(self.heap, ClosedHeap):
+                self.heap.as_symmetric.clear()
             self.__dict__.pop("reserve", None)  # the context's tensors must not hold it
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
                 if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises

@@ -36,7 +36,16 @@ class SymmetryError(IrisError, RuntimeError):
 
 
 class CaptureError(IrisError, RuntimeError):
-    """An allocation during CUDA graph capture needed the heap to grow, which capture forbids."""
+    """An allocation or free during CUDA graph capture that capture cannot record safely (growth, a free)."""
+
+
+class ReuseTimeout(IrisError, TimeoutError):
+    """A reused heap block waited too long for peers' work queued before their free of it: names the
+    block, the ranks and the ordering rule that was broken."""
+
+    def __init__(self, message: str, offset: int = -1, ranks=()):
+        self.offset, self.ranks = offset, tuple(ranks)
+        super().__init__(message)
 
 
 class ContextClosed(IrisError, RuntimeError):
@@ -65,6 +74,12 @@ NvshmemUnavailable = ProviderUnavailable  # the name device code raised before t
 
 class SettingError(IrisError, ValueError):
     """An environment variable iris reads holds a value it cannot use; names the variable and its values."""
+
+
+class FactoryArgumentError(IrisError, ValueError, RuntimeError):
+    """A tensor factory was given an argument the heap cannot honour (a device that is not the heap's, an
+    out= of another size, dtype or not on the heap, an empty random range); nothing was allocated. A
+    ValueError as torch's argument errors are, and a RuntimeError as Iris's factories raise it."""
 
 
 class CollectiveError(IrisError, ValueError):

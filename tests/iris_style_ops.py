@@ -56,18 +56,34 @@ def test_matmul_all_reduce(shmem, dtype, atol, rtol, M, N, K, variant):
     _close(iris_C, pytorch_output, atol, rtol, f"rank {rank} matmul_all_reduce {variant} {dtype}, workspace=")
 
 
-def test_matmul_all_reduce_unsupported_variant(shmem):
-    M, N, K = 64, 64, 32
-    iris_A = shmem.zeros((M, K), dtype=torch.float16)
-    iris_B = shmem.zeros((K, N), dtype=torch.float16)
-    iris_C = shmem.zeros((M, N), dtype=torch.float16)
-    config = FusedConfig(block_size_m=32, block_size_n=32, block_size_k=32, all_reduce_variant="atomic")
+def test_matmul_all_reduce_unknown_variant(shmem):
     try:
-        ops.matmul_all_reduce(shmem, iris_C, iris_A, iris_B, config=config)
+        FusedConfig(block_size_m=32, block_size_n=32, block_size_k=32, all_reduce_variant="butterfly")
     except ValueError as e:
-        assert "supports only" in str(e), str(e)
+        assert "all_reduce_variant must be one of" in str(e), str(e)
     else:
-        raise AssertionError("all_reduce_variant='atomic' did not raise")
+        raise AssertionError("all_reduce_variant='butterfly' did not raise")
+
+
+def test_matmul_all_reduce_lock_too_small(shmem):
+    """As Iris's test: a workspace built for larger tiles, passed back with a config of smaller ones,
+    raises on every rank before anything runs; C keeps what it held."""
+    M, N, K = 96, 64, 32
+    iris_A = shmem.randn((M, K), dtype=torch.float16)
+    iris_B = shmem.randn((K, N), dtype=torch.float16)
+    iris_C = shmem.full((M, N), 5.0, dtype=torch.float16)
+    shmem.barrier()
+    config_large = FusedConfig(block_size_m=64, block_size_n=64, block_size_k=32, all_reduce_variant="one_shot")
+    workspace = ops.matmul_all_reduce_preamble(shmem, iris_C, iris_A, iris_B, config=config_large)
+    config_small = FusedConfig(block_size_m=32, block_size_n=32, block_size_k=32, all_reduce_variant="one_shot")
+    try:
+        ops.matmul_all_reduce(shmem, iris_C, iris_A, iris_B, config=config_small, workspace=workspace)
+    except ValueError as e:
+        assert "Lock array too small: have 2 but need 6" in str(e), str(e)
+    else:
+        raise AssertionError("a workspace of 2 tiles passed for 6 did not raise")
+    assert torch.equal(iris_C.cpu(), torch.full((M, N), 5.0, dtype=torch.float16)), "C was written"
+    shmem.barrier()
 
 
 def test_matmul_reduce_scatter(shmem, dtype, atol, rtol, M, N, K):
@@ -132,7 +148,7 @@ def test_matmul_all_gather(shmem, dtype, atol, rtol, M, N, K):
     M_local = M // world_size
     A_local = shmem.randn((M_local, K), dtype=dtype)
     B = shmem.randn((K, N), dtype=dtype)
-    B.copy_(shmem.broadcast(B.cpu(), source_rank=0))  # B replicated
+    B.copy_(torch.from_numpy(shmem.broadcast(B.float().cpu(), source_rank=0)))  # B replicated (numpy, as Iris)
     output = shmem.full((M, N), float("nan"), dtype=dtype)
     pytorch_output = _all_gather(torch.matmul(A_local.float(), B.float()), 0)
     shmem.barrier()
@@ -148,9 +164,12 @@ def _worker(rank, world_size, port):
     torch.manual_seed(7 + rank)
     test_matmul_all_reduce(shmem, torch.float16, 0.2, 0.01, 96, 64, 32, "one_shot")
     test_matmul_all_reduce(shmem, torch.float32, 0.3, 0.01, 96, 64, 32, "two_shot")
+    for variant in ("atomic", "spinlock", "ring"):  # through the device tile API
+        test_matmul_all_reduce(shmem, torch.float16, 0.2, 0.01, 96, 64, 32, variant)
     for dtype, atol, rtol in ((torch.float16, 2e-1, 1e-2), (torch.float32, 1e-1, 1e-2)):
         test_matmul_reduce_scatter(shmem, dtype, atol, rtol, 96, 96, 32)
-    test_matmul_all_reduce_unsupported_variant(shmem)
+    test_matmul_all_reduce_unknown_variant(shmem)
+    test_matmul_all_reduce_lock_too_small(shmem)
     test_all_gather_matmul(shmem, torch.float16, 1e-2, 1e-2, 64, 32, 64)
     test_matmul_all_gather(shmem, torch.bfloat16, 0.5, 0.01, 64, 64, 32)
     shmem.barrier()

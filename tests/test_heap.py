@@ -218,3 +218,68 @@ def test_factories_behave_like_torch(allocator):
         finally:
             torch.set_default_dtype(torch.float32)
         assert ctx.empty(2, 3).shape == (2, 3) and ctx.empty((2, 3)).shape == (2, 3) == ctx.empty([2, 3]).shape
+
+
+# -- the host heap commits only what it uses ------------------------------------------------------
+def _committed(ctx) -> int:
+    """Bytes the torch allocator's host block has committed (the memfd's allocated pages)."""
+    return os.fstat(ctx.heap.alloc._mapped[2]).st_blocks * 512
+
+
+def rank_sparse_host_heap():
+    with iris.iris(heap_size=8 << 30, allocator="torch") as ctx:  # a third of this machine's memory, per rank
+        empty = _committed(ctx)
+        x = ctx.full((1 << 18,), float(ctx.get_rank() + 1))  # 1 MiB
+        peer = ctx.peer_view(x, (ctx.get_rank() + 1) % ctx.get_num_ranks())
+        ctx.barrier()
+        ok = bool((peer == float((ctx.get_rank() + 1) % ctx.get_num_ranks() + 1)).all())
+        used = _committed(ctx)
+        del x, peer
+    return empty, used, ok
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the host heap")
+def test_host_torch_heap_commits_only_what_it_uses():
+    for empty, used, ok in iris.spawn(rank_sparse_host_heap, 2):
+        assert ok, "a peer's copy did not hold its values"
+        assert empty < (1 << 20) and (1 << 20) <= used < (8 << 20), (empty, used)
+
+
+def _shm():
+    """/dev/shm's files but multiprocessing's semaphores (other programs on this machine make those)."""
+    return sorted(n for n in os.listdir("/dev/shm") if not n.startswith("sem."))
+
+
+def rank_heap_larger_than_memory():
+    before = (_shm(), _usage())
+    try:
+        iris.iris(heap_size=1 << 50, allocator="torch")
+        message = ""
+    except iris.HeapOutOfMemory as e:
+        message = str(e)
+    return message, before, (_shm(), _usage())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the host heap")
+def test_host_heap_larger_than_memory_raises_first_and_leaves_nothing():
+    for message, before, after in iris.spawn(rank_heap_larger_than_memory, 2):
+        assert "the heap needs 11258999068" in message and "heap_size" in message and "allocator='vmem'" in message, message
+        assert after[0] == before[0], f"/dev/shm: {before[0]} -> {after[0]}"
+        assert after[1][2] == 0, "a heap mapping was left behind"
+
+
+def rank_killed_after_heap():
+    ctx = iris.iris(heap_size=64 << 20, allocator="torch")
+    ctx.zeros(1 << 16)
+    ctx.barrier()
+    if ctx.get_rank() == 1:
+        os._exit(3)  # killed with its heap mapped: no file may outlive it
+    return True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the host heap")
+def test_killed_rank_leaves_nothing_in_dev_shm():
+    before = _shm()
+    with pytest.raises(Exception):
+        iris.spawn(rank_killed_after_heap, 2, timeout=60)
+    assert _shm() == before, f"/dev/shm: {before} -> {_shm()}"

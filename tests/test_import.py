@@ -131,6 +131,7 @@ def rank_neighbours():
     ctx.barrier()
     peer_b = peer_big[n // 2 + chunk * q:n // 2 + chunk * q + n // 8]
     res["split_peer"] = torch.equal(ctx.peer_view(split[1], q), peer_b)
+    held = [v[:] for v in views]  # views made before the frees: they keep the region mapped
     for v in split:
         ctx.free(v)
     del split, v  # its region goes at the next collective point, once its views are gone
@@ -143,7 +144,7 @@ def rank_neighbours():
     ctx.free(views[-1])
     ctx.barrier()
     res["under_views"] = _foreign(ctx) - before  # freed, but the views still cover it
-    del views, v
+    del views, v, held
     ctx.collect()
     res["released"] = _foreign(ctx) - before
     res["fds"] = len(os.listdir("/proc/self/fd")) - fds0  # the host's handles are fds: none may leak
@@ -282,7 +283,7 @@ def rank_streamed(out_dir):
     _zero_copy_env()
     ctx = iris.iris(heap_size=1 << 28, allocator="vmem", timeout=30)
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
-    ctx.heap.IMPORT_STEP = 2
+    ctx.heap.imports.IMPORT_STEP = 2
     q, res = (r + 1) % w, {}
     sizes = [1000 + 517 * i for i in range(9)]
     xs = [_vmm_backed((_pattern(n, r) + i).to(dev)) for i, n in enumerate(sizes)]
@@ -327,7 +328,9 @@ def rank_streamed(out_dir):
                             for i, (v, n) in enumerate(zip(again, sizes)))
     ctx.barrier()
     for v in again:
-        ctx.free(v)
+        ctx.free(v)  # freed tensors reach no memory: the region goes at the next collective point
+    del v
+    ctx.collect()
     # the last rank dies after its second export, part way through the exchange
     zs = [_vmm_backed((_pattern(n, r) * 2).to(dev)) for n in sizes]
     foreign, fds0 = _foreign(ctx), _file_fds()

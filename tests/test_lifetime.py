@@ -4,6 +4,7 @@ import gc
 import os
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -16,6 +17,14 @@ import iris
 host_only = pytest.mark.skipif(torch.cuda.is_available(), reason="host memory (the gpu variants cover GPUs)")
 
 ALLOCATORS = ["torch", "vmem"]
+
+
+def _skip_without(allocator):
+    if allocator == "nvshmem":
+        try:
+            import nvshmem.core  # noqa: F401
+        except Exception as e:  # the reason goes into the skip
+            pytest.skip(f"allocator='nvshmem' needs nvshmem4py ({type(e).__name__}: {e}); pip install 'iris[nvshmem]'")
 
 
 def _usage():
@@ -205,11 +214,12 @@ def test_free_of_a_slice_raises_and_frees_nothing(allocator):
 def rank_trim_under_a_tensor():
     ctx = iris.iris(heap_size=1 << 26, allocator="vmem")
     x = ctx.full((3 << 20,), 1.0)  # 12 MiB: several chunks of their own
-    ctx.free(x)  # freed, but x is still referenced
+    y = x[:]  # a view made before the free still reaches the block (x itself no longer does)
+    ctx.free(x)  # freed, but y is still referenced
     first = ctx.trim()
-    x.fill_(2.0)  # before the fix: the chunks were unmapped, and this segfaulted
-    ok = bool((x == 2.0).all())
-    del x
+    y.fill_(2.0)  # were the chunks unmapped, this would segfault
+    ok = bool((y == 2.0).all())
+    del x, y
     gc.collect()
     second = ctx.trim()  # now nothing covers them
     ctx.close()
@@ -297,6 +307,7 @@ def rank_free_import_under_views():
     region = [ctx.heap.offset_of(t) for t in h]
     v = h[0][:10]
     pv = ctx.peer_view(h[1], q)
+    h = [h[0], h[1], h[1][:]]  # the last: a view of h[1] made before its free, which still reaches it
     ctx.barrier()
     ctx.free(h[0])
     ctx.free(h[1])
@@ -304,9 +315,9 @@ def rank_free_import_under_views():
     v.fill_(-3.0)  # unmapped at free, this crashed (a segfault on the host, an illegal address on a GPU)
     res["alias"] = bool((a[:10] == -3.0).all()) and torch.equal(a[10:].cpu(), torch.arange(10, n) + 10.0 * (r + 1))
     res["peer"] = torch.equal(pv.cpu(), torch.arange(n, 2 * n, dtype=torch.float32) + 10.0 * (q + 1))
-    res["whole"] = torch.equal(h[1], b)
+    res["whole"] = torch.equal(h[2], b)
     fresh = [ctx.full((n,), -1.0) for _ in range(4)]  # must land outside the imported region
-    res["fresh"] = all(bool((f == -1.0).all()) for f in fresh) and torch.equal(h[1], b)
+    res["fresh"] = all(bool((f == -1.0).all()) for f in fresh) and torch.equal(h[2], b)
     res["mapped"] = _foreign(ctx)
     if r == 0:
         del v, h, pv  # rank 0 lets go before the next collective point, the others after it
@@ -355,82 +366,144 @@ def test_gpu_free_of_an_import_keeps_it_mapped_under_live_views():
     _check_free_import(iris.spawn(rank_free_import_under_views, 2), host=False)
 
 
-# -- reuse waits for the work queued before the free ---------------------------------------------
+# -- reuse waits, in stream order, for the work every rank queued before the free ------------------
 LATE_BLOCK = 1024
 
 
 @triton.jit
-def _late_store(flag, dst, n, value, cur, remote, heap_bases, BLOCK: tl.constexpr):
-    """Work queued before a free that runs late: waits until cur's flag is set, then stores value
-    into dst[:n] on remote."""
-    iris.wait(flag, 1, cur, cur, heap_bases)
+def _late_store(flags, dst, n, value, cur, remote, heap_bases, BLOCK: tl.constexpr):
+    """Work queued before a free that runs late: waits until cur's flags[0] is set, stores value into
+    dst[:n] on remote, then sets remote's flags[1] (done)."""
+    iris.wait(flags, 1, cur, cur, heap_bases)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     iris.store(dst + offs, tl.full((BLOCK,), value, tl.float32), cur, remote, heap_bases, mask=offs < n)
+    iris.atomic_xchg(flags + 1, 1, cur, remote, heap_bases, sem="release", scope="sys")
 
 
-def rank_reuse_after_late_kernel(allocator, n, how):
-    """Rank 0 queues a kernel that writes rank 1's block b late (once rank 1 says so); every rank
-    then frees b (how: "free" or "scope") and allocates the same size again, and rank 1 fills that
-    and only then lets the kernel go. Reused at once, the new tensor took the late write."""
+@triton.jit
+def _wait_flag(flags, cur, heap_bases):
+    """Waits until cur's flags[1] is set (done)."""
+    iris.wait(flags + 1, 1, cur, cur, heap_bases)
+
+
+def _set_later(flag, seconds):
+    """flag[0] = 1 after seconds, from a thread. On GPUs by a copy on a stream of its own: a copy
+    needs no SM, which the kernel spinning on the flag may hold all of."""
+    def go():
+        time.sleep(seconds)
+        if flag.device.type == "cuda":
+            one = torch.ones(1, dtype=flag.dtype).pin_memory()
+            with torch.cuda.stream(torch.cuda.Stream(flag.device)):
+                flag[:1].copy_(one, non_blocking=True)
+                torch.cuda.current_stream().synchronize()
+        else:
+            flag[:1].fill_(1)
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def rank_reuse_after_late_peer(allocator, n, how):
+    """Rank 0 queues a kernel, before the free, that writes rank 1's copy of block b late (a second
+    after); every rank frees b (how: "free" or "scope") and at once allocates its size again, which
+    takes b's block, and fills it. The new tensor must keep its fill: rank 1's allocation waits for
+    rank 0's work before its free. Without the wait the late store lands on it."""
     ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
     r, dev = ctx.get_rank(), ctx.get_device()
-    flag = ctx.zeros(1, dtype=torch.int32)
+    flags = ctx.zeros(2, dtype=torch.int32)  # [0]: go (rank 0's), [1]: done (rank 1's)
     scope = ctx.scope()
     if how == "scope":
         scope.__enter__()
     b = ctx.full((n,), 1.0)
     where = ctx.heap.offset_of(b)
     ctx.barrier()
-    late = None
+    setter = None
     if r == 0:
-        grid = (triton.cdiv(n, LATE_BLOCK),)
-
-        def launch():
-            _late_store[grid](flag, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
-        if dev.type == "cuda":
-            launch()  # queued on the stream: it runs while this rank goes on
-        else:  # the interpreter runs a kernel inside the launch: a thread stands in for the stream
-            late = threading.Thread(target=launch)
-            late.start()
+        setter = _set_later(flags, 1.0)
+        _late_store[(triton.cdiv(n, LATE_BLOCK),)](flags, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
     if how == "scope":
         scope.__exit__(None, None, None)
     else:
         ctx.free(b)
+    before = ctx.heap.stats
     c = ctx.full((n,), 5.0)
-    reused = ctx.heap.offset_of(c) == where
+    after = ctx.heap.stats
     if r == 1:
-        ctx.peer_view(flag, 0).fill_(1)  # in stream order after c's fill
-    if late is not None:
-        late.join()  # the host's stand-in finishes before this rank's next collective point
-    ctx.barrier()  # rank 0's kernel has finished
-    got = c.cpu().clone()  # .cpu() of a host tensor is the tensor itself
-    landed = b.cpu().clone()  # b is freed but still referenced: its memory is mapped, and shows the late write
-    again = ctx.full((n,), 6.0)  # after the point, b's block is back in the pool
-    res = {"reused_at_once": reused, "c": torch.equal(got, torch.full((n,), 5.0)),
-           "landed": torch.equal(landed, torch.full((n,), -7.0 if r == 1 else 1.0)),
-           "reused_after_point": ctx.heap.offset_of(again) == where and bool((again == 6.0).all())}
+        _wait_flag[(1,)](flags, 1, ctx.get_heap_bases())  # after the free, waiting for work before it: allowed
+    if setter is not None:
+        setter.join()
+    ctx.barrier()
+    res = {"reused": ctx.heap.offset_of(c) == where, "c": torch.equal(c.cpu(), torch.full((n,), 5.0)),
+           "no_point": after["exchanges"] == before["exchanges"] and after["growths"] == before["growths"]}
     ctx.close()
     return res
 
 
 @pytest.mark.parametrize("how", ["free", "scope"])
-def test_reuse_waits_for_work_queued_before_the_free(how):
-    out = iris.spawn(rank_each_allocator, 2, args=(rank_reuse_after_late_kernel, 3000, how))
+def test_reuse_waits_for_a_late_peer_write_queued_before_the_free(how):
+    out = iris.spawn(rank_each_allocator, 2, args=(rank_reuse_after_late_peer, 3000, how))
     for r, rank in enumerate(out):
         for allocator, res in zip(ALLOCATORS, rank):
-            assert not res["reused_at_once"] and res["c"], \
-                f"{allocator}, rank {r}: a block was reused under a kernel that still wrote it: {res}"
-            assert res["landed"], f"{allocator}, rank {r}: the late kernel did not write b after the free: {res}"
-            assert res["reused_after_point"], f"{allocator}, rank {r}: the block did not come back at the next point: {res}"
+            assert res["reused"] and res["no_point"], f"{allocator}, rank {r}: the block was not reused at once: {res}"
+            assert res["c"], f"{allocator}, rank {r}: a peer's late write landed on the tensor that reused its block"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ALLOCATORS + ["nvshmem"])
+def test_gpu_reuse_waits_for_a_late_peer_write_queued_before_the_free(allocator):
+    _skip_without(allocator)
+    for r, res in enumerate(iris.spawn(rank_reuse_after_late_peer, 2, args=(allocator, 1 << 16, "free"))):
+        assert res["reused"] and res["no_point"] and res["c"], f"rank {r}: {res}"
+
+
+def rank_reuse_violation(allocator, n):
+    """The broken rule: rank 0's work before its free of b waits for rank 1's work after its free (a
+    flag rank 1 sets only after reusing b's block). Rank 1's reuse must time out with an error
+    naming the block and rank 0, not hang."""
+    os.environ["IRIS_REUSE_TIMEOUT"] = "2"
+    ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
+    r, dev = ctx.get_rank(), ctx.get_device()
+    flags = ctx.zeros(2, dtype=torch.int32)  # [0]: rank 0's go flag
+    b = ctx.full((n,), 1.0)
+    where = ctx.heap.offset_of(b)
+    ctx.barrier()
+    if r == 0:  # on the host the kernel runs inside the launch: rank 0 stops here until rank 1 sets the flag
+        _late_store[(triton.cdiv(n, LATE_BLOCK),)](flags, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
+    ctx.free(b)
+    error, started = "", time.monotonic()
+    try:
+        ctx.full((n,), 5.0)  # rank 1: reuses b's block, so waits for rank 0's free
+    except iris.ReuseTimeout as e:
+        error = str(e)
+    if r == 1:
+        ctx.peer_view(flags, 0)[:1].fill_(1)  # what rank 0's kernel waited for
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # returns once the watchdog has let the stream go on
+            try:
+                ctx.barrier()
+            except iris.ReuseTimeout as e:
+                error = str(e)
+    ctx.barrier()
+    ctx.close()
+    return error, where, time.monotonic() - started
+
+
+def _check_violation(out):
+    error, where, took = out[1]
+    assert f"offset {where}" in error and "rank(s) 0" in error and "IRIS_REUSE_TIMEOUT" in error, error
+    assert took < 30, took
+    assert out[0][0] == "", out[0]
+
+
+@host_only
+def test_reuse_that_breaks_the_ordering_rule_times_out_naming_block_and_ranks():
+    _check_violation(iris.spawn(rank_reuse_violation, 2, args=("vmem", 3000)))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_gpu_reuse_waits_for_work_queued_before_the_free(allocator):
-    for r, res in enumerate(iris.spawn(rank_reuse_after_late_kernel, 2, args=(allocator, 1 << 20, "free"))):
-        assert not res["reused_at_once"] and res["c"], f"rank {r}: reused under a kernel that still wrote it: {res}"
-        assert res["landed"], f"rank {r}: the late kernel did not write b after the free: {res}"
-        assert res["reused_after_point"], res
+def test_gpu_reuse_that_breaks_the_ordering_rule_times_out(allocator):
+    _check_violation(iris.spawn(rank_reuse_violation, 2, args=(allocator, 1 << 16)))
 
 
 # -- GPUs ---------------------------------------------------------------------------------------
@@ -440,37 +513,64 @@ def rank_gpu_after_close(allocator):
     r = ctx.get_rank()
     x = ctx.full((1 << 20,), float(r + 1))
     pv = ctx.peer_view(x, (r + 1) % ctx.get_num_ranks())
+    heap = ctx.heap
     ctx.barrier()
     ctx.close()
     x.mul_(3.0)
     torch.cuda.synchronize()
     got = (float(x.sum()), float(pv[7]))
-    free1 = torch.cuda.mem_get_info()[0]
+    held = (heap.alloc.committed, heap.heap_bases is not None, len(heap._peer_va))
     del x, pv
     gc.collect()
     torch.cuda.synchronize()
-    free2 = torch.cuda.mem_get_info()[0]
-    return got, free1, free2
+    gone = (heap.alloc.committed, heap.heap_bases is not None)
+    return got, held, gone
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_gpu_tensors_stay_valid_after_close(allocator):
-    for r, ((total, peer), free1, free2) in enumerate(iris.spawn(rank_gpu_after_close, 2, args=(allocator,))):
+    """After close, the heap's tensors (and peer views) stay usable; once the last goes, this rank's heap
+    releases its memory and its peer views. Device free memory is not the measure: on a GPU shared by
+    both ranks, the peer's import keeps the chunk alive until the peer lets go too."""
+    for r, ((total, peer), held, gone) in enumerate(iris.spawn(rank_gpu_after_close, 2, args=(allocator,))):
         assert total == 3.0 * (r + 1) * (1 << 20) and peer in (1.0, 2.0, 3.0, 6.0), (total, peer)
+        assert held[1] and (allocator != "vmem" or held[0] > 0), f"rank {r}: the heap went while tensors lived: {held}"
+        assert not gone[1], f"rank {r}: the heap's mappings did not go with its last tensor: {gone}"
         if allocator == "vmem":
-            assert free2 > free1, "the heap's memory did not go back after its last tensor"
+            assert gone[0] == 0, f"rank {r}: {gone[0]} bytes of chunks still held after the last tensor went"
 
 
-def rank_gpu_capture(allocator):
-    ctx = iris.iris(heap_size=1 << 34, allocator=allocator)
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ALLOCATORS + ["nvshmem"])
+def test_gpu_loops_reuse_one_block_without_collectives(allocator):
+    _skip_without(allocator)
+    out = iris.spawn(rank_reuse_loops, 2, args=(allocator, 20, 2))
+    for r, (loops, bad) in enumerate(out):
+        assert not bad, f"rank {r}: wrong values at {bad}"
+        assert loops.pop("counted") == 1, "the group's count missed a barrier"
+        for loop, (offsets, collectives, growths, exchanges) in loops.items():
+            assert len(set(offsets[2:])) == 1 and offsets == out[0][0][loop][0], (loop, offsets)
+            assert collectives == growths == exchanges == 0, (loop, collectives, growths, exchanges)
+
+
+def _capture_error(e):
+    """The CaptureError e is or was raised over (torch's capture may end with an error of its own)."""
+    while e is not None and not isinstance(e, iris.CaptureError):
+        e = e.__context__
+    return e if e is not None else ""
+
+
+def rank_gpu_capture(allocator, barrier_first):
+    ctx = iris.iris(heap_size=1 << 34 if allocator == "vmem" else 1 << 28, allocator=allocator)
     warm = ctx.empty(64 << 20, dtype=torch.uint8)  # backs the memory the captured allocations use
     ctx.free(warm)
     spare = ctx.empty(1 << 20, dtype=torch.float32)  # a freed block of y's size: y takes it from the cache
     spare_at = ctx.heap.offset_of(spare)
+    spare.fill_(3.0)
     ctx.free(spare)
-    del spare
-    ctx.barrier()  # freed blocks go back to the pool at a collective point
+    if barrier_first:
+        ctx.barrier()  # every rank's work before it is done: the captured reuse needs no wait
     src = torch.arange(1 << 20, device=ctx.get_device(), dtype=torch.float32)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -479,34 +579,150 @@ def rank_gpu_capture(allocator):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     exchanges = ctx.heap.stats["exchanges"]
-    with torch.cuda.graph(g):
-        y = ctx.empty(1 << 20, dtype=torch.float32)
-        z = ctx.zeros(1 << 20, dtype=torch.float32)
-        y.copy_(src * 2)
-        z.add_(y)
-    assert ctx.heap.stats["exchanges"] == exchanges
-    reused = ctx.heap.offset_of(y) == spare_at
-    y.fill_(-1.0)  # poison; replay must overwrite it
-    z.fill_(-1.0)
-    g.replay()
-    torch.cuda.synchronize()
-    ok = torch.equal(y, src * 2) and torch.equal(z, src * 2) and reused
     error = ""
+    try:
+        with torch.cuda.graph(g):
+            y = ctx.empty(1 << 20, dtype=torch.float32)
+            z = ctx.zeros(1 << 20, dtype=torch.float32)
+            y.copy_(src * 2)
+            z.add_(y)
+    except Exception as e:  # a driver that cannot capture the peers' wait names the fix
+        error = str(_capture_error(e)) or repr(e)
+        ok = "ctx.barrier()" in error and not barrier_first
+    else:
+        assert ctx.heap.stats["exchanges"] == exchanges
+        reused = ctx.heap.offset_of(y) == spare_at
+        y.fill_(-1.0)  # poison; replay must overwrite it
+        z.fill_(-1.0)
+        g.replay()
+        torch.cuda.synchronize()
+        ok = torch.equal(y, src * 2) and torch.equal(z, src * 2) and reused
+    freed_in_capture = ""
+    t = ctx.empty(1 << 10, dtype=torch.float32)
+    g3 = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g3):
+            ctx.free(t)
+    except Exception as e:
+        freed_in_capture = str(_capture_error(e)) or repr(e)
+    grow_error = ""
     if allocator == "vmem":
         g2 = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(g2):
                 ctx.empty(1 << 33, dtype=torch.uint8)  # 8 GiB: beyond what is backed
         except iris.IrisError as e:
-            error = str(e)
+            grow_error = str(e)
+    ctx.barrier()
     ctx.close()
-    return ok, error
+    return ok, error, freed_in_capture, grow_error
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_gpu_allocation_inside_graph_capture(allocator):
-    for ok, error in iris.spawn(rank_gpu_capture, 2, args=(allocator,)):
-        assert ok, "captured allocations did not replay correctly, or did not reuse the freed block"
+@pytest.mark.parametrize("barrier_first", [True, False])
+@pytest.mark.parametrize("allocator", ALLOCATORS + ["nvshmem"])
+def test_gpu_allocation_inside_graph_capture(allocator, barrier_first):
+    _skip_without(allocator)
+    for ok, error, freed_in_capture, grow_error in iris.spawn(rank_gpu_capture, 2, args=(allocator, barrier_first)):
+        assert ok, f"captured allocations did not replay correctly, or did not reuse the freed block ({error})"
+        assert "after capture" in freed_in_capture, freed_in_capture
         if allocator == "vmem":
-            assert "capture" in error and "before capture" in error, error
+            assert "capture" in grow_error and "before capture" in grow_error, grow_error
+
+
+# -- loops of allocate and free: the same blocks, no growth, no host collective ------------------
+def rank_reuse_loops(allocator, steps, warm):
+    """The three loops of a memory-constrained program, each run steps times: allocate, fill, (all_reduce,)
+    free; and a scope around the allocation. Returns, per loop, the offsets handed out, and the
+    growths, exchanges and host collectives after the first warm steps; every value is checked."""
+    ctx = iris.iris(heap_size=1 << 24, allocator=allocator)
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
+    n = 1000
+    before = ctx.group.collectives
+    ctx.barrier()
+    out, bad = {"counted": ctx.group.collectives - before}, []  # the count sees a collective
+    for loop in ("local", "tp_step", "scope"):
+        offsets = []
+        for i in range(steps):
+            if i == warm:
+                base = (ctx.group.collectives, ctx.heap.stats["growths"], ctx.heap.stats["exchanges"])
+            if loop == "scope":
+                with ctx.scope():
+                    x = ctx.empty(n)
+                    x.fill_(float(i + r))
+                    offsets.append(ctx.heap.offset_of(x))
+                    if not bool((x == float(i + r)).all()):
+                        bad.append((loop, i))
+                del x
+                continue
+            x = ctx.empty(n)
+            x.fill_(float(i + r))
+            offsets.append(ctx.heap.offset_of(x))
+            want = float(i + r)
+            if loop == "tp_step":
+                ctx.ccl.all_reduce(x, x)
+                want = float(w * i + w * (w - 1) // 2)
+            if not bool((x == want).all()):
+                bad.append((loop, i))
+            ctx.free(x)
+        out[loop] = (offsets, ctx.group.collectives - base[0], ctx.heap.stats["growths"] - base[1],
+                     ctx.heap.stats["exchanges"] - base[2])
+    ctx.barrier()
+    ctx.close()
+    return out, bad
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+@pytest.mark.parametrize("world", [2, 3])
+def test_loops_of_free_scope_and_all_reduce_reuse_one_block_without_collectives(allocator, world):
+    out = iris.spawn(rank_reuse_loops, world, args=(allocator, 8, 2))
+    for r, (loops, bad) in enumerate(out):
+        assert not bad, f"rank {r}: wrong values at {bad}"
+        assert loops.pop("counted") == 1, "the group's count missed a barrier"
+        for loop, (offsets, collectives, growths, exchanges) in loops.items():
+            assert len(set(offsets)) <= 2 and len(set(offsets[2:])) == 1, f"rank {r}, {loop}: offsets {offsets}"
+            assert offsets == out[0][0][loop][0], f"{loop}: rank {r} handed out other offsets than rank 0"
+            assert collectives == growths == exchanges == 0, (loop, collectives, growths, exchanges)
+
+
+def rank_debug_free_names_views():
+    os.environ["IRIS_DEBUG"] = "1"
+    ctx = iris.iris(heap_size=1 << 22)
+    x = ctx.full((1000,), 1.0)
+    v = x[10:20]
+    error = ""
+    try:
+        ctx.free(x)
+    except iris.IrisError as e:
+        error = str(e)
+    still = bool((x == 1.0).all())  # the failed free changed nothing
+    del v
+    ctx.free(x)  # no other view now
+    try:
+        x.add_(1.0)
+        used = "no error"
+    except iris.IrisError as e:
+        used = str(e)
+    ctx.close()
+    return error, still, used
+
+
+def test_debug_free_of_a_block_other_tensors_view_raises_naming_them():
+    for error, still, used in iris.spawn(rank_debug_free_names_views, 2):
+        assert "(10,) torch.float32 at byte 40" in error and "offset" in error and "del" in error, error
+        assert still, "the refused free changed the tensor"
+        assert "ctx.free gave back" in used, used
+
+
+def test_a_freed_tensor_reaches_no_memory_and_any_use_raises():
+    with iris.iris(heap_size=1 << 22) as ctx:
+        x = ctx.full((1000,), 1.0)
+        ctx.free(x)
+        y = ctx.full((1000,), 2.0)  # takes x's block
+        for use in (lambda: x.fill_(3.0), lambda: x + 1, lambda: x.data_ptr(), lambda: x[3], lambda: x.cpu(),
+                    lambda: ctx.heap.offset_of(x)):
+            with pytest.raises(iris.IrisError, match="ctx.free gave back"):
+                use()
+        with pytest.raises(ValueError, match="freed already"):
+            ctx.free(x)
+        assert bool((y == 2.0).all())

@@ -100,14 +100,19 @@ def _bad_shapes(ctx):
     heap_out = ctx.empty((8 * w, 5), dtype=torch.float16)
     A, B = torch.randn(8, 6, device=dev).half(), torch.randn(6, 5, device=dev).half()
     other_ws = ctx.ops.matmul_all_reduce_preamble(torch.empty(8, 4, device=dev).half(), A, B[:, :4])
+    A2, B2, C2 = torch.randn(40, 16, device=dev).half(), torch.randn(16, 40, device=dev).half(), torch.empty(
+        40, 40, device=dev).half()
+    tiles = dict(block_size_k=16, all_reduce_variant="one_shot")
+    big_ws = ctx.ops.matmul_all_reduce_preamble(C2, A2, B2, config=FusedConfig(block_size_m=32, block_size_n=32,
+                                                                                 **tiles))
     live = set(ctx.heap.alloc.offsets.live)
     cases = [
         ("B needs 6 rows", ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),
         ("output must be", ctx.ops.all_gather_matmul, torch.empty(8, 5, device=dev).half(), A, B),
         ("torch.float16 or torch.float32", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).double(),
          A.double(), B.double()),
-        ("supports only", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, config=FusedConfig(
-            all_reduce_variant="ring")), torch.empty(8, 5, device=dev).half(), A, B),
+        ("Lock array too small: have 4 but need 9", lambda o, a, b: ctx.ops.matmul_all_reduce(
+            o, a, b, config=FusedConfig(block_size_m=16, block_size_n=16, **tiles), workspace=big_ws), C2, A2, B2),
         ("workspace was built for", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, workspace=other_ws),
          torch.empty(8, 5, device=dev).half(), A, B),
         ("bias must be a 1-D float tensor of A_local's 8 rows", lambda o, a, b: ctx.ops.matmul_all_gather(

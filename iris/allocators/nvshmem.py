@@ -18,11 +18,12 @@ class NvshmemAllocator:
 
     vmm = False
     one_host = False  # peers on other hosts are reached through NVSHMEM's device API
-    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    name = "nvshmem"  # its key in ALLOCATORS
+    reserved = 0  # bytes of size that iris keeps for itself, beyond the user's heap_size
     granularity = 1
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, device: torch.device, group):
+    def __init__(self, driver, heap_size: int, device: torch.device, group, reserved: int = 0):
         if device.type != "cuda":
             raise ProviderUnavailable(f"allocator='nvshmem' needs a CUDA GPU; this heap is on {device}. "
                                       "Use allocator='torch' or 'vmem'")
@@ -30,7 +31,7 @@ class NvshmemAllocator:
         self._runtime = runtime
         runtime.ensure_init(lambda raw: group.allgather(raw, "nvshmem unique id")[0], group.rank, group.world,
                             device.index, heap_size)
-        self.rank, self.world = group.rank, group.world
+        self.rank, self.world, self.reserved = group.rank, group.world, reserved
         self.base, self.size = runtime.malloc(heap_size), heap_size
         self._kept = False
         self.offsets = CachingOffsets(heap_size)

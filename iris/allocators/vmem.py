@@ -1,6 +1,7 @@
 """VMemAllocator: one large virtual reservation, physical segments created only when allocations need them."""
 from __future__ import annotations
 
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -36,14 +37,20 @@ class VMemAllocator:
 
     vmm = True
     one_host = True  # peers import chunks by fd: the context refuses a job spanning hosts
-    reserved = 0  # bytes of size that iris keeps for itself (the context sets it)
+    name = "vmem"  # its key in ALLOCATORS
+    reserved = 0  # bytes of size that iris keeps for itself, beyond the user's heap_size
     capacity = property(lambda self: self.size - self.reserved)
 
-    def __init__(self, driver, heap_size: int, device=None, group=None, chunk_size: int = DEFAULT_CHUNK):
-        self.driver = driver
+    def __init__(self, driver, heap_size: int, device=None, group=None, reserved: int = 0,
+                 chunk_size: int = DEFAULT_CHUNK):
+        self.driver, self.reserved = driver, reserved
         g = driver.granularity()
         self.chunk = self.granularity = round_up(max(chunk_size, g), g)  # sizes round up to it
         self.size = round_up(heap_size, self.chunk)
+        if (heap_size - reserved) % self.chunk:  # the user's part; stacklevel 3: the caller of who made the heap
+            warnings.warn(f"heap_size={heap_size - reserved} is not a multiple of the {self.chunk}-byte chunk of the "
+                          f"{self.name} allocator: rounded up; the heap holds {self.size - reserved} bytes",
+                          stacklevel=3)
         self.base = driver.reserve(self.size)
         self.offsets = CachingOffsets(self.size)
         self._policy = self.offsets.allocate

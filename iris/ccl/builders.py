@@ -118,11 +118,44 @@ def accumulate(ccl, out, inp, cfg, lock):
                 PEERS=pow2(w), BLOCK=block, SPIN=cfg.spin_limit, LOCK=lock, TURNS=ctx.device.type != "cuda")
 
 
+def _ring_tiles(n, cfg, w):
+    """ring's slice (a power of two, a world-th of a tile) and its number of tiles of world slices."""
+    slice_ = max(1, 1 << ((_tile(cfg) // w).bit_length() - 1)) if _tile(cfg) >= w else 1
+    return slice_, -(-n // (slice_ * w))
+
+
+def rs_tiles(out, inp, cfg, w) -> int:
+    """reduce_scatter ring_chunked's tiles: Iris's tiles of inp (out shaped as inp), else blocks of out."""
+    if tuple(out.shape) == tuple(inp.shape) and inp.dim() == 2 and w > 1:
+        return -(-inp.shape[0] // cfg.block_size_m) * -(-inp.shape[1] // cfg.block_size_n)
+    return -(-out.numel() // block_for(cfg.block_size, inp.dtype))
+
+
+def too_small(plan, inp, cfg, w):
+    """Iris's check of a workspace passed back (workspace=) that was built for larger tiles: the
+    message when plan (all_reduce spinlock or ring) holds fewer locks or flags than cfg's tiles of inp
+    need, else None. Raised before anything is launched, the same on every rank."""
+    if not isinstance(plan, Plan) or plan.variant != cfg.all_reduce_variant:
+        return None
+    n = inp.numel()
+    if plan.variant == "spinlock":
+        have, need, what = plan.args[plan.at["locks"]].numel(), -(-n // _tile(cfg)), "Lock"
+    elif plan.variant == "ring":
+        have, need, what = plan.args[plan.at["tiles"]], _ring_tiles(n, cfg, w)[1], "Flags"
+    else:
+        return None
+    if have >= need:
+        return None
+    return (f"all_reduce: {what} array too small: have {have} but need {need} for block_size_m="
+            f"{cfg.block_size_m}, block_size_n={cfg.block_size_n}: the workspace passed back was built for larger "
+            "tiles. Pre-allocate workspace with the smallest block sizes you intend to use (all_reduce_preamble with "
+            "this config), or leave workspace= out")
+
+
 def ring(ccl, out, inp, op, cfg):
     """ring: tiles of world slices; a slot of one slice and a 0/1 flag per program on every rank."""
     ctx, n, w = ccl.ctx, inp.numel(), ccl.ctx.world
-    slice_ = max(1, 1 << ((_tile(cfg) // w).bit_length() - 1)) if _tile(cfg) >= w else 1
-    tiles = -(-n // (slice_ * w))
+    slice_, tiles = _ring_tiles(n, cfg, w)
     rings = cfg.all_reduce_num_rings
     programs = rings * max(1, min(cfg.comm_sms, tiles) // rings)
     buf = ctx.zeros(programs * slice_, dtype=torch.float32 if inp.dtype.is_floating_point else inp.dtype)

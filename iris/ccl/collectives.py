@@ -98,12 +98,17 @@ class CCL:
         be the same heap tensor on every rank. group: None, a torch.distributed group or a list of
         global ranks; over a subset inp must be a heap tensor and the variant "auto" or "one_shot"
         (see docs/collectives.md). workspace= is accepted for Iris compatibility: plans are found by
-        shape, so all_reduce_preamble's result need not be passed. Collective: all ranks, same
-        order, same sizes."""
+        shape, so all_reduce_preamble's result need not be passed; one passed back whose spinlock
+        locks or ring flags are fewer than this config's tiles need raises ValueError ("Lock array too
+        small", "Flags array too small"), as Iris's does. Collective: all ranks, same order, same sizes."""
         cfg = self._config(config)
         ck = cfg.key()
         if op is None:  # Iris's default
             op = ReduceOp.SUM
+        if workspace is not None:
+            short = builders.too_small(workspace, inp, cfg, self.ctx.world)
+            if short:
+                raise CollectiveError(short)
         if group is not None:
             ranks = self.groups.of(group, "all_reduce")[0]
             if ranks is not None:
@@ -162,13 +167,22 @@ class CCL:
         "two_shot" (each rank stages its input, then reduces its own part by reading it from every
         peer) or "ring_chunked" (each part travels the ring rank -> rank + 1, every rank adding its
         input, and ends at its owner; either layout, whole job only). workspace= is accepted for Iris
-        compatibility (plans are found by shape). Collective: all ranks (of the group), same order,
+        compatibility (plans are found by shape); an iris.ccl.reduce_scatter.ReduceScatterWorkspace
+        whose flags are fewer than ring_chunked's tiles raises ValueError. Collective: all ranks (of the group), same order,
         same sizes."""
         cfg = self._config(config)
         op = ReduceOp.SUM if op is None else op
         if cfg.use_gluon:
             raise ConfigError("reduce_scatter has no Gluon kernel (Config.use_gluon=True); set use_gluon=False")
         ranks, w = self.groups.of(group, "reduce_scatter")
+        flags = getattr(workspace, "flags", None)  # Iris's ReduceScatterWorkspace: its capacity is checked
+        if cfg.reduce_scatter_variant == "ring_chunked" and isinstance(flags, torch.Tensor):
+            need = builders.rs_tiles(out, inp, cfg, w)
+            if flags.numel() < need:
+                raise CollectiveError(f"reduce_scatter: Flags array too small: have {flags.numel()} but need {need} "
+                                      f"for block_size_m={cfg.block_size_m}, block_size_n={cfg.block_size_n}. "
+                                      "Pre-allocate workspace with the smallest block sizes you intend to use, or "
+                                      "leave workspace= out")
         if w > 1 and inp.dim() == 2 and tuple(out.shape) == tuple(inp.shape):
             if ranks is not None:
                 raise CollectiveError(f"reduce_scatter(group= of ranks {list(ranks)}): Iris's layout (out shaped as "
@@ -233,13 +247,22 @@ class CCL:
         its plan again, which raises ContextClosed."""
         self.plans, self.recent = {}, None
 
-    def reduce(self, out, inp=None, dst=0, op=None, group=None, async_op=False, config=None):
-        """out on the rank at group position dst = every member's inp combined by op (None: sum; SUM, MAX,
-        MIN), in group order, floats in fp32; other ranks' out is not written. inp=None reduces out in
-        place (Iris's tests call reduce(tensor, dst=...)); else out is inp or apart from it. inp: a heap
-        tensor, the same allocation on every member (dst reads it in place); out: any tensor of inp's
-        shape. Collective: all ranks (of the group), same order, same sizes."""
-        rooted.reduce(self, out, inp, dst, op, group, config)
+    def reduce_preamble(self, out, inp=None, dst=0, op=None, group=None, config=None, workspace=None, root=None):
+        """Checks reduce(out, inp, ...) and builds its plan (collectively), so the first real call can be
+        captured in a CUDA graph; root= is Iris's name for dst. Returns the plan; passing it back as
+        workspace= is optional. Collective: all ranks (of the group), same order, same sizes."""
+        return rooted.reduce(self, out, inp, _root(dst, root), op, group, config, launch=False)
+
+    def reduce(self, out, inp=None, dst=0, op=None, group=None, async_op=False, config=None, workspace=None,
+               root=None):
+        """out on the rank at group position dst (root=, Iris's other name for it) = every member's inp
+        combined by op (None: sum; SUM, MAX, MIN), in group order, floats in fp32; other ranks' out is
+        not written. inp=None reduces out in place (Iris's tests call reduce(tensor, dst=...)); else out
+        is inp or apart from it. inp: a heap tensor, the same allocation on every member (dst reads it
+        in place); out: any tensor of inp's shape. Config.reduce_variant ("one_shot", "two_shot") is
+        accepted as Iris names it; both run this one kernel. workspace= is accepted for Iris
+        (plans are found by shape). Collective: all ranks (of the group), same order, same sizes."""
+        rooted.reduce(self, out, inp, _root(dst, root), op, group, config)
 
     def scatter(self, out, inp, src=0, group=None, async_op=False, config=None):
         """out (M, ...) on the rank at group position i = rows [i*M, (i+1)*M) of inp (g*M, ...) on the
@@ -404,6 +427,15 @@ class CCL:
     def _resident(self, t) -> bool:
         """Whether t starts in this rank's heap (the kernels then reach it at its offset on every rank)."""
         return self.span[0] <= t.data_ptr() < self.span[1]
+
+
+def _root(dst, root):
+    """reduce's root: dst, or root= as Iris's reduce names it (one of the two)."""
+    if root is None:
+        return dst
+    if dst != 0 and dst != root:
+        raise CollectiveError(f"reduce: dst={dst!r} and root={root!r} name two roots; pass one of them")
+    return root
 
 
 __all__ = ["CCL", "CollectiveError", "Config", "ConfigError", "GluonUnavailable", "ReduceOp"]

@@ -12,6 +12,7 @@ ALL_REDUCE = ("auto", "atomic", "ring", "two_shot", "one_shot", "spinlock", "one
 ALL_GATHER = ("pull", "persistent", "partitioned", "ring", "tdm")
 ALL_TO_ALL = ("default", "tdm")
 REDUCE_SCATTER = ("two_shot", "ring_chunked")
+REDUCE = ("one_shot", "two_shot")  # Iris's names; iris's rooted reduce is one kernel (the root reads in place)
 GLUON_ONLY = "tdm"
 
 
@@ -41,7 +42,8 @@ class Config:
     Iris's all_reduce views it); swizzle_size; comm_sms (most programs one launch uses; None: one per
     SM); num_xcds (1 on NVIDIA: there is one die); chunk_size; use_gluon (all_gather and all_to_all
     through iris.ccl.gluon); all_gather_variant, all_to_all_variant, all_reduce_variant,
-    reduce_scatter_variant (see the tuples above); all_reduce_distribution (two_shot: 0 strides
+    reduce_scatter_variant, reduce_variant (see the tuples above; reduce_variant's two names run
+    iris's one rooted kernel); all_reduce_distribution (two_shot: 0 strides
     blocks across ranks, 1 gives each rank one contiguous range); all_reduce_num_rings;
     all_reduce_ring_slice_n; num_stages; num_warps (None: by variant); threads_per_warp (32 on NVIDIA);
     waves_per_eu (an AMD occupancy hint, no effect on NVIDIA).
@@ -67,6 +69,7 @@ class Config:
     all_reduce_num_rings: int = 1
     all_reduce_ring_slice_n: int | None = None
     reduce_scatter_variant: str = "two_shot"
+    reduce_variant: str = "one_shot"
     num_stages: int = 1
     num_warps: int | None = None
     threads_per_warp: int | None = None
@@ -133,7 +136,8 @@ class Config:
             raise ConfigError("Config.all_reduce_distribution must be 0 (blocks strided across ranks) or 1 (one "
                               f"contiguous range per rank), got {self.all_reduce_distribution!r}")
         for name, allowed in (("all_reduce_variant", ALL_REDUCE), ("all_gather_variant", ALL_GATHER),
-                              ("all_to_all_variant", ALL_TO_ALL), ("reduce_scatter_variant", REDUCE_SCATTER)):
+                              ("all_to_all_variant", ALL_TO_ALL), ("reduce_scatter_variant", REDUCE_SCATTER),
+                              ("reduce_variant", REDUCE)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"Config.{name} must be one of {', '.join(map(repr, allowed))}, "
                                   f"got {getattr(self, name)!r}")

@@ -29,14 +29,14 @@ def broadcast(ccl, t, pos, src, group, config) -> None:
     ccl.broadcast(t, t, src=ranks[src], group=group, config=config)
 
 
-def reduce(ccl, out, inp, dst, op, group, config) -> None:
+def reduce(ccl, out, inp, dst, op, group, config, launch=True):
     op = ReduceOp.SUM if op is None else op
     try:
         op = ReduceOp(op)
     except ValueError:
         raise CollectiveError(f"reduce: op must be one of {[o.value for o in ReduceOp]} (or None: sum), "
                               f"got {op!r}") from None
-    _rooted(ccl, "reduce", out, out if inp is None else inp, dst, "dst", group, config, op)
+    return _rooted(ccl, "reduce", out, out if inp is None else inp, dst, "dst", group, config, op, launch)
 
 
 def scatter(ccl, out, inp, src, group, config) -> None:
@@ -47,7 +47,8 @@ def gather(ccl, out, inp, dst, group, config) -> None:
     _rooted(ccl, "gather", out, inp, dst, "dst", group, config, ReduceOp.SUM)
 
 
-def _rooted(ccl, mode, out, inp, root, role, group, config, op) -> None:
+def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True):
+    """Checks, finds or builds the plan, and (launch) runs it; returns the plan."""
     for name, t in (("out", out), ("inp", inp)):
         tensor(mode, name, t, ccl.ctx.device)
         nonempty(mode, name, t)
@@ -74,7 +75,9 @@ def _rooted(ccl, mode, out, inp, root, role, group, config, op) -> None:
     if plan is None:
         plan = ccl.plans[key] = (puts.plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
                                  _plan(ccl, mode, out, inp, ranks, root, op, knob))
-    plan(inp, out)
+    if launch:
+        plan(inp, out)
+    return plan
 
 
 def _check_shapes(mode, out, inp, g) -> None:

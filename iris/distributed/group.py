@@ -131,6 +131,7 @@ class Group:
         self._root: socket.socket | None = None
         self._broken: tuple | None = None  # (message, missing, kind) once a peer is gone
         self._closed = False
+        self.collectives = 0  # host collectives made (every one is an exchange): what a loop's cost counts
         if world > 1:
             if rank == 0:
                 self._accept(address, secret, listener)
@@ -294,6 +295,7 @@ class Group:
         """Every rank's object and fds. Collective: all ranks, same order, same sizes. fds from
         peers are new fds the caller owns; the caller's own entry holds its own fds, not copies.
         fds travel only over AF_UNIX: a group over TCP refuses them."""
+        self.collectives += 1
         self._check(what)
         if fds and self.tcp:
             raise SpansHostsError(f"rank {self.rank}: {what} sends file descriptors, which travel only between "

@@ -33,10 +33,11 @@ def covers_job(group, world: int, call: str) -> None:
                                   "in a kernel")
 
 
-def broadcast(group, value, src: int, device: torch.device):
-    """src's value on every rank: a Python object, number, numpy array or tensor (returned on
-    `device`, with src's dtype and shape). Collective: all ranks, same order; only src's value is
-    read, the others may pass None."""
+def broadcast(group, value, src: int):
+    """src's value on every rank: a Python object, number or numpy array, and a tensor as a numpy
+    array of its shape and dtype (what Iris's broadcast returns; bfloat16, which numpy lacks, as
+    float32, exactly). Collective: all ranks, same order; only src's value is read, the others may
+    pass None."""
     if not 0 <= src < group.world:
         raise ValueError(f"broadcast: src {src} is not a rank of this job [0, {group.world})")
     wire = None
@@ -49,5 +50,5 @@ def broadcast(group, value, src: int, device: torch.device):
             wire = ("object", value)
     kind, got = group.allgather(wire, f"broadcast from rank {src}")[src]
     if kind == "tensor":
-        return got.to(device)
+        return (got.float() if got.dtype == torch.bfloat16 else got).numpy().copy()
     return np.array(got, copy=True) if kind == "ndarray" else got

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..allocators.offsets import round_up
 from ..distributed.background import BackgroundExchanges
@@ -39,15 +39,26 @@ class Region:
 
 
 class Imports:
-    """The SymmetricHeap's as_symmetric machinery: retain, group, map, exchange."""
+    """A SymmetricHeap's memory mapped from elsewhere (as_symmetric's machinery: retain, group, map,
+    exchange) and the regions it lives in until every rank has freed it."""
 
     IMPORT_STEP = 32  # pages whose fds travel in one background exchange
 
-    def _retain_runs(self, ranges):
+    def __init__(self, heap, stats: dict):
+        self.heap = heap
+        self.driver, self.group, self.alloc, self.symmetry = heap.driver, heap.group, heap.alloc, heap.symmetry
+        self._stats = stats  # the heap's counts (heap.stats) of exchanges and growths
+        self.rank, self.world, self.peers = heap.rank, heap.world, heap.peers
+        self.adopted: Dict[int, list] = {}  # offset of an imported tensor -> [its Region, imports there]
+        self.regions: Dict[int, Region] = {}  # offset of a region of imported memory -> it
+        self.blocks: Dict[int, ImportBlock] = {}  # offset of an imported tensor -> its block
+        self.regions_freed = 0  # regions whose imports were all freed: serials -1, -2, ... in free order
+
+    def retain_runs(self, ranges):
         """Per (ptr, nbytes): (ptr, start, end) of the run of whole VMM pages holding it, None where
         any part is not VMM memory; and pages, base -> [size, handle, an address in it], each retained once (a page
         under two tensors costs one driver call). The caller takes handles with _take and releases
-        the rest with _release_pages."""
+        the rest with release_pages."""
         pages, bases, runs = {}, [], []
         try:
             for ptr, nbytes in ranges:
@@ -68,12 +79,12 @@ class Imports:
                     start, end, at = base if start is None else start, base + size, base + size
                 runs.append((ptr, start, end) if nbytes and at >= ptr + nbytes else None)
         except BaseException:
-            self._release_pages(pages)
+            self.release_pages(pages)
             raise
         return runs, pages
 
     def _take(self, pages, base: int):
-        """A reference to the page at base that the caller now owns: the one _retain_runs holds the
+        """A reference to the page at base that the caller now owns: the one retain_runs holds the
         first time, a new one after (a page mapped into two regions is released twice)."""
         entry = pages[base]
         if entry[1] is None:
@@ -81,7 +92,7 @@ class Imports:
         handle, entry[1] = entry[1], None
         return handle
 
-    def _release_pages(self, pages) -> None:
+    def release_pages(self, pages) -> None:
         for entry in pages.values():
             if entry[1] is not None:
                 self.driver.release(entry[1])
@@ -141,16 +152,17 @@ class Imports:
         slower peer hides behind this rank's own driver calls. Peers' pages are mapped as their
         steps arrive. timings (ms per phase) lands in stats["as_symmetric_ms"]."""
         clock = _Clock()
-        runs, pages = self._retain_runs(ranges)
+        runs, pages = self.retain_runs(ranges)
         clock.lap("retain")
         offsets, adopted, imported, received = [None] * len(ranges), [], [], {p: {} for p in self.peers}
         closer = None
         try:
             layout = self._layout(runs, pages)
-            got = self.group.allgather((runs, metas, layout, self.symmetry.token(call), self._point()), "as_symmetric")
+            point = self.heap._point()
+            got = self.group.allgather((runs, metas, layout, self.symmetry.token(call), point), "as_symmetric")
             self._stats["exchanges"] += 1
             clock.lap("plan exchange")
-            self._release_agreed([o[4] for o in got])
+            self.heap._release_agreed([o[4] for o in got])
             self.symmetry.compare([o[3] for o in got], self.rank, call)
             if any(o[1] != metas for o in got):
                 raise SymmetryError(f"{call}: ranks import different tensors: {[o[1] for o in got]}")
@@ -185,16 +197,16 @@ class Imports:
                         for i in group:
                             off = region.offset + top + runs[i][0] - runs[group[0]][0]
                             offsets[i] = off
-                            self._adopted.setdefault(off, [region, 0])[1] += 1
-                            if off not in self._import_blocks:
-                                self._import_blocks[off] = block = ImportBlock(off, ranges[i][1], region)
+                            self.adopted.setdefault(off, [region, 0])[1] += 1
+                            if off not in self.blocks:
+                                self.blocks[off] = block = ImportBlock(off, ranges[i][1], region)
                                 region.blocks.append(block)
                         for p in self.peers:
                             ptr, base, _ = everyone[p][group[0]]
                             end, at = max(everyone[p][i][2] for i in group), region.offset + top - (ptr - base)
                             while base < end:
                                 size = sizes[p][base]
-                                self._import(p, at, size, fd_of(p, base), imported)
+                                self.heap.peer_maps.import_(p, at, size, fd_of(p, base), imported)
                                 views[p].append((at, size))
                                 base, at = base + size, at + size
                     clock.lap("import peers")
@@ -209,17 +221,17 @@ class Imports:
                     closer.start()
                     for p in self.peers:
                         for lo, hi in _runs(views[p]):
-                            self.driver.set_access(self._peer_va[p] + lo, hi - lo)
+                            self.driver.set_access(self.heap.peer_maps.va[p] + lo, hi - lo)
                     clock.lap("set access peers")
                 except BaseException as e:
                     stream.fail(f"{type(e).__name__}: {e}")
                     raise
         except BaseException:
-            self._unimport(imported)
+            self.heap.peer_maps.unimport(imported)
             self._undo_adopted(adopted)
             raise
         finally:
-            self._release_pages(pages)
+            self.release_pages(pages)
             if closer is not None:
                 closer.join()
             close_fds(fd for p in received for fd in received[p].values())
@@ -278,44 +290,44 @@ class Imports:
                 self.driver.release(handle)
             raise
         adopted.append((region, segs))
-        self._regions[region] = entry = Region(region, span, len(group))
+        self.regions[region] = entry = Region(region, span, len(group))
         return entry
 
     def _undo_adopted(self, adopted) -> None:
         for region, segs in adopted:
             self.alloc.undo(region, segs)
-            self._regions.pop(region, None)
-            for off in [o for o, (r, _) in self._adopted.items() if r.offset == region]:
-                del self._adopted[off]
-                self._import_blocks.pop(off, None)
+            self.regions.pop(region, None)
+            for off in [o for o, (r, _) in self.adopted.items() if r.offset == region]:
+                del self.adopted[off]
+                self.blocks.pop(off, None)
 
-    def _free_import(self, offset: int) -> None:
+    def free(self, offset: int) -> None:
         """ctx.free of the import at offset. Its region is not unmapped here, as tensors may still
         cover it (touching unmapped memory crashes the process), nor given back to the offset policy
-        (an allocation there would land in the user's memory): both wait until _release_region."""
-        entry = self._adopted[offset]
+        (an allocation there would land in the user's memory): both wait until release_region."""
+        entry = self.adopted[offset]
         region, entry[1] = entry[0], entry[1] - 1
         if not entry[1]:
-            del self._adopted[offset]
-            self._import_blocks.pop(offset).freed = True
+            del self.adopted[offset]
+            self.blocks.pop(offset).freed = True
         region.imports -= 1
         if not region.imports:  # frees are collective, in one order: the same serial on every rank
-            self._regions_freed += 1
-            region.serial = -self._regions_freed
-            self._region_unused(region)
+            self.regions_freed += 1
+            region.serial = -self.regions_freed
+            self.region_unused(region)
 
-    def _region_unused(self, region: Region) -> None:
+    def region_unused(self, region: Region) -> None:
         """Queue a region whose imports are all freed once no tensor covers it (bookkeeping only:
         this runs from tensor finalizers)."""
-        if region.serial and not self.closed and not any(b.tensors for b in region.blocks):
-            self._queued[region.serial] = region
+        if region.serial and not self.heap.closed and not any(b.tensors for b in region.blocks):
+            self.heap._queued[region.serial] = region
 
-    def _release_region(self, region: Region) -> None:
+    def release_region(self, region: Region) -> None:
         """Unmap an agreed region everywhere, hand its handles back, and give its offsets to the policy."""
-        del self._regions[region.offset]
-        self._drop_peer_range(region.offset, region.offset + region.nbytes)
+        del self.regions[region.offset]
+        self.heap.peer_maps.drop_range(region.offset, region.offset + region.nbytes)
         self.alloc.undo(region.offset, self.alloc.segments_in(region.offset, region.nbytes))
 
     def is_adopted(self, offset: int) -> bool:
         """Whether offset holds a tensor that as_symmetric mapped without copying."""
-        return offset in self._adopted
+        return offset in self.adopted

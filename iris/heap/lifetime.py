@@ -4,14 +4,14 @@ Each tensor the heap makes owns an Owner through its storage (see views.py); whe
 storage over a block goes, the block is queued on this rank. Queues are compared at collective
 points (growth, barrier, trim, close, ctx.collect()): a block is freed when it is queued on every
 rank, all ranks in one order, so offsets never depend on when Python collected garbage.
-A freed block (by ctx.free, scope() or that agreement) is not reused at once: a kernel that any
-rank queued before the free may still read or write it, on this rank's memory or through a peer's
-mapping. It waits under the collective point that follows the free, where each rank records an
-event on its current stream, and goes back to the pool at the first point where every rank
-reports that event complete (ranks agree on the same set; the host runs work synchronously, so
-there every point completes at once). Imported memory (as_symmetric) goes the same way: a freed
-import's region is queued like garbage once its last tensor goes (negative serials, in the order
-the regions were freed), and unmapped only when the point it was agreed at has completed.
+A freed block (by ctx.free, scope() or that agreement) goes back to the pool at once, so the next
+request of its size takes it, at the same offset on every rank. That allocation is made safe in
+stream order, not by a collective: each free passes an epoch that every rank writes to its
+progress counter after the work it queued before the free, and reusing a block freed at epoch n
+makes the current stream wait for every peer's counter to reach n (progress.py). Imported memory
+(as_symmetric) is unmapped, not reused: a freed import's region is queued like garbage once its
+last tensor goes (negative serials, in the order the regions were freed), and unmapped only when
+the point it was agreed at has completed on every rank (an event per point).
 A block freed explicitly while a tensor still covers it stays mapped (trim skips it) until that
 tensor goes; after close the mappings stay until the last tensor goes.
 """
@@ -20,6 +20,35 @@ from __future__ import annotations
 from typing import Dict, List
 
 import torch
+
+from ..errors import IrisError
+
+
+class FreedTensor(torch.Tensor):
+    """What a heap tensor becomes once ctx.free gave its block back: every use raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        raise IrisError(f"{name} on a heap tensor that ctx.free gave back: its block may hold another tensor now. "
+                        "Allocate a new tensor (or free this one later)")
+
+
+_DEAD = {}  # (dtype, device) -> an empty tensor whose storage a freed tensor takes over
+
+
+def detach(t: torch.Tensor) -> None:
+    """Make t reach no memory: its storage becomes an empty one (so the block's owner can go) and every
+    later use raises."""
+    key = (t.dtype, t.device)
+    dead = _DEAD.get(key)
+    if dead is None:
+        dead = _DEAD[key] = torch.empty(0, dtype=t.dtype, device=t.device)
+    try:
+        t.data = dead
+        t.__class__ = FreedTensor
+    except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
+        pass
 
 
 class Block:
@@ -50,26 +79,11 @@ class Owner:
 
     def __init__(self, heap, block: Block):
         self.heap, self.block = heap, block
-        block.tensors += 1
-        heap._alive += 1
+        heap.owner_added(block)
 
     def __del__(self):
-        """Only bookkeeping (no driver call, no collective), as it may run anywhere Python drops a
-        tensor; written out here rather than in a heap method, a call less per tensor."""
         try:
-            block, heap = self.block, self.heap
-            block.tensors -= 1
-            heap._alive -= 1
-            if not block.tensors:
-                if block.freed:
-                    heap._pinned.pop(block.serial, None)
-                    if block.region is not None:
-                        heap._region_unused(block.region)
-                elif block.gc and not heap.closed:
-                    heap._queued[block.serial] = block
-            if heap._teardown_pending and not heap._alive:
-                heap._teardown_pending = False
-                heap._teardown()
+            self.heap.owner_gone(self.block)
         except Exception:  # interpreter shutdown: nothing left to tell
             pass
 
@@ -84,18 +98,49 @@ class Lifetimes:
         self._queued: Dict[int, Block] = {}   # serial -> block whose last tensor died here
         self._pinned: Dict[int, Block] = {}   # serial -> freed block that tensors still cover
         self._alive = 0                       # owners alive, over every block (and peer views)
-        self._regions_freed = 0               # import regions whose imports were all freed: -1, -2, ...
         self._teardown_pending = False
-        self._freed: list = []                # blocks freed since the last collective point, in free order
-        self._waiting: Dict[int, list] = {}   # point -> blocks and regions freed before it or agreed there
+        self._freed: list = []                # import regions freed since the last collective point, in free order
+        self._waiting: Dict[int, list] = {}   # point -> import regions freed before it or agreed there
         self._points = 0                      # collective points passed: the same count on every rank
         self._events: list = []               # (point, event recorded there on the current stream), oldest first
+        self._fence: Dict[int, int] = {}      # offset of a freed block in the pool -> its free's epoch, until passed
+        self.progress = None                  # the progress counters (use_counters)
+
+    def use_counters(self, counters: torch.Tensor) -> None:
+        """Reuse in stream order from now on: counters is a zeroed heap tensor of at least 8 bytes at
+        the same offset on every rank, which only the heap writes."""
+        from .progress import make_progress
+        self.progress = make_progress(self.driver, self.bases, counters.data_ptr() - self._base, self.rank,
+                                      self.device)
+
+    def owner_added(self, block: Block) -> None:
+        """A tensor storage over block was made (Owner)."""
+        block.tensors += 1
+        self._alive += 1
+
+    def owner_gone(self, block: Block) -> None:
+        """A tensor storage over block went: queue the block as garbage once none is left. Only
+        bookkeeping (no driver call, no collective), as it may run anywhere Python drops a tensor."""
+        block.tensors -= 1
+        self._alive -= 1
+        if not block.tensors:
+            if block.freed:
+                self._pinned.pop(block.serial, None)
+                if block.region is not None:
+                    self.imports.region_unused(block.region)
+            elif block.gc and not self.closed:
+                self._queued[block.serial] = block
+        if self._teardown_pending and not self._alive:
+            self._teardown_pending = False
+            self._teardown()
 
     def _point(self, sync=None):
         """This rank's part of a collective point: (its garbage queue, the last point whose work has
         finished here). Blocks freed since the last point now wait under this one; on GPUs an event
         recorded here on the current stream marks the work queued before them. sync: a stream, or
         True for the whole device, to wait for first (then that work is known to have finished)."""
+        if self.progress is not None and self.progress.failed is not None:
+            self.progress.raise_failed()
         self._points = point = self._points + 1
         if self._capturable:  # a GPU
             if torch.cuda.is_current_stream_capturing():  # no event may be recorded or queried in capture
@@ -114,36 +159,43 @@ class Lifetimes:
             self._waiting[point], self._freed = self._freed, []
         return sorted(self._queued), (self._events[0][0] - 1 if self._events else point)
 
-    def _release_agreed(self, states) -> int:
-        """Free the blocks queued on every rank (states: each rank's _point()), in serial order, and
-        give back to the pool whatever waits under a point that every rank has finished; returns the
-        bytes given back. Every rank computes the same from the same lists."""
+    def _release_agreed(self, states, synced: bool = False) -> int:
+        """Free the blocks queued on every rank (states: each rank's _point()), in serial order (one
+        epoch for them all), and unmap the import regions that wait under a point every rank has
+        finished; returns the bytes freed and unmapped. synced: every rank waited for its device
+        before the point, so every free before it has passed (on the host, every point is so).
+        Every rank computes the same from the same lists."""
         queues = [s[0] for s in states]
         common = set(queues[0]).intersection(*queues[1:]) if queues else set()
+        epoch, released = None, 0
         for serial in sorted(common):
             block = self._queued.pop(serial)
             if serial < 0:
                 self._freed.append(block)  # an import region
             else:
-                self.free_block(block)
+                if epoch is None:
+                    epoch = self.progress.passed()
+                released += self.free_block(block, epoch)
         self._stats["collected"] += len(common)
+        if (synced or not self._capturable) and self.progress is not None:
+            self.progress.synced()
+            self._fence.clear()
         if self._freed:  # queued before this point on every rank: the event recorded here covers them
             self._waiting.setdefault(self._points, []).extend(self._freed)
             self._freed = []
-        done, released = min(s[1] for s in states), 0
+        done = min(s[1] for s in states)
         for point in [p for p in self._waiting if p <= done]:  # oldest first: dicts keep insertion order
-            for block in self._waiting.pop(point):
-                released += block.nbytes
-                if block.serial < 0:
-                    self._release_region(block)
-                else:
-                    self._release(block.offset)
+            for region in self._waiting.pop(point):
+                released += region.nbytes
+                self.imports.release_region(region)
         return released
 
-    def free_block(self, block: Block) -> int:
-        """Take a live block made by allocate out of use (freed explicitly or agreed garbage): it goes
-        back to the pool once the work queued before this free has finished on every rank (see
-        _point); returns its size. Collective: all ranks, same order."""
+    def free_block(self, block: Block, epoch: int = 0) -> int:
+        """Take a live block made by allocate out of use (freed explicitly or agreed garbage) and give
+        it back to the pool now; the allocation that takes it again waits, in stream order, for every
+        rank's work queued before this free (epoch: the free's, if already passed). Returns its size.
+        Collective: all ranks, same order."""
+        epoch = epoch or self.progress.passed()  # first: during capture it raises, with nothing changed
         offset = block.offset
         del self._at[offset]
         block.freed = True
@@ -151,15 +203,34 @@ class Lifetimes:
             self._pinned[block.serial] = block
         else:
             self._queued.pop(block.serial, None)
-        self._freed.append(block)
+        self._fence[offset] = epoch
+        self._release(offset)
         self._record(~offset)  # the symmetry digest's record of free(offset)
         self._frees += 1
         return block.nbytes
 
+    def _reused(self, offset: int, nbytes: int) -> None:
+        """The pool handed out offset: the current stream waits for the peers' work before its free."""
+        epoch = self._fence.pop(offset, 0)
+        if epoch > self.progress.done:
+            self.progress.wait(epoch, offset, nbytes)
+
+    def _fresh(self, offset: int, nbytes: int) -> None:
+        """The policy handed out offset, maybe over several freed blocks merged: wait for all of them."""
+        if self._fence:
+            epoch = max(self._fence.values())
+            self._fence.clear()
+            if epoch > self.progress.done:
+                self.progress.wait(epoch, offset, nbytes)
+
     def collect(self, what: str = "collect") -> int:
         """Wait for this rank's device work, then free blocks whose last tensor died on every rank and
-        give back to the pool every block freed before; returns bytes given back. Collective: all ranks."""
-        return self._release_agreed(self.group.allgather(self._point(True), what))
+        unmap the import regions freed before; returns the regions' bytes. Collective: all ranks."""
+        return self._release_agreed(self.group.allgather(self._point(True), what), synced=True)
+
+    def next_serial(self) -> int:
+        """The serial the next allocation gets: a mark for offsets_since."""
+        return self._serial + 1
 
     def offsets_since(self, mark: int) -> List[int]:
         """Offsets of live blocks allocated at or after serial mark, in allocation order."""

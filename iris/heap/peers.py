@@ -3,11 +3,13 @@ each peer's new segments in one batched exchange per growth, dropping them again
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..distributed.group import close_fds
 from ..errors import HeapOutOfMemory, SymmetryError
+from ..allocators.sorted_ints import SortedInts
 from ..platform import IpcHandle
+from . import reach
 
 
 def _runs(layout):
@@ -23,18 +25,39 @@ def _runs(layout):
 
 class PeerMaps:
     """Peer views: a VMM heap maps each peer's segments into a reserved range of the same size; a
-    plain block is opened once through IPC."""
+    plain block is opened once through IPC; a provider's memory comes with its peers' bases."""
 
-    def _open_peer_blocks(self, undo: ExitStack) -> None:
+    def __init__(self, heap, stats: dict):
+        self.heap = heap
+        self.driver, self.group, self.alloc, self.symmetry = heap.driver, heap.group, heap.alloc, heap.symmetry
+        self._stats = stats  # the heap's counts (heap.stats) of exchanges and growths
+        self.rank, self.world, self.peers, self.size = heap.rank, heap.world, heap.peers, heap.size
+        self.va: Dict[int, int] = {}  # peer -> where its heap is mapped here (0: indirect, not mapped)
+        self._mapped: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
+        self._starts = {p: SortedInts() for p in self.peers}  # the same offsets, for range lookups
+
+    def open(self, undo: ExitStack) -> None:
+        """Each peer's view (va), collectively; undo takes back what was opened or reserved."""
+        alloc, d = self.alloc, self.driver
+        if alloc.vmm:
+            for p in self.peers:
+                self.va[p] = d.reserve(self.size)
+                undo.callback(d.free_va, self.va[p], self.size)
+        elif hasattr(alloc, "peer_bases"):  # memory whose peers' copies its provider maps (NVSHMEM)
+            self.va.update(reach.narrow(alloc.peer_bases(self.peers), self.rank, self.world))
+        else:
+            self._open_blocks(undo)
+
+    def _open_blocks(self, undo: ExitStack) -> None:
         """Open each peer's block once: by its VMM handles where it has them (torch's memory with
         expandable_segments:True, which legacy IPC cannot open; shared memory on the host), else by IPC."""
-        runs, pages = self._retain_runs([(self.alloc.base, self.size)])
+        runs, pages = self.heap.imports.retain_runs([(self.alloc.base, self.size)])
         if runs[0] is not None:
             ptr, start, _ = runs[0]
             parts = [(base - start, size, handle) for base, (size, handle, _) in sorted(pages.items())]
             self._stats["peers_opened_by"] = "vmm handles"
-            return self._map_peer_blocks(parts, ptr - start, undo)
-        self._release_pages(pages)
+            return self._map_blocks(parts, ptr - start, undo)
+        self.heap.imports.release_pages(pages)
         self._stats["peers_opened_by"] = "ipc"
         mine = self.driver.ipc_export(self.alloc.base, self.size)
         own_fds = [mine.fd] if mine.fd is not None else []
@@ -49,9 +72,9 @@ class PeerMaps:
             finally:
                 close_fds(fds[p])
             undo.callback(self.driver.ipc_close, ptr, size)
-            self._peer_va[p] = ptr
+            self.va[p] = ptr
 
-    def _map_peer_blocks(self, parts, lead: int, undo: ExitStack) -> None:
+    def _map_blocks(self, parts, lead: int, undo: ExitStack) -> None:
         d = self.driver
         own = [d.export(h) for _, _, h in parts]
         for _, _, h in parts:
@@ -72,11 +95,11 @@ class PeerMaps:
                     d.map(va + rel, size, handle)
                     undo.callback(d.unmap, va + rel, size)
                 d.set_access(va, total)
-                self._peer_va[p] = va + peer_lead
+                self.va[p] = va + peer_lead
         finally:
             close_fds(fd for p in self.peers for fd in fds[p])
 
-    def _grow(self, nbytes: int, offset, new, call: str, undo_new) -> None:
+    def grow(self, nbytes: int, offset, new, call: str, undo_new) -> None:
         """One batched exchange: every rank's new segments, mapped into each peer's view.
 
         Ranks agree on (nbytes, offset); each maps a peer's memory by that peer's own segment list.
@@ -86,14 +109,14 @@ class PeerMaps:
         own = [self.driver.export(s.handle) for s in new or ()]
         layout = [(s.offset, s.size) for s in new or ()]
         try:
-            objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout, self._point()), own,
+            objs, fds = self.group.exchange((desc, self.symmetry.token(call), layout, self.heap._point()), own,
                                             "heap growth")
         finally:
             close_fds(own)
         self._stats["exchanges"] += 1
         received = [fd for p in self.peers for fd in fds[p]]
         try:
-            self._release_agreed([o[3] for o in objs])
+            self.heap._release_agreed([o[3] for o in objs])
         except BaseException:
             close_fds(received)
             raise
@@ -121,50 +144,50 @@ class PeerMaps:
             try:
                 for p in self.peers:
                     for (off, size), fd in zip(layouts[p], fds[p]):
-                        self._import(p, off, size, fd, imported)
+                        self.import_(p, off, size, fd, imported)
                     for lo, hi in _runs(layouts[p]):
-                        self.driver.set_access(self._peer_va[p] + lo, hi - lo)
+                        self.driver.set_access(self.va[p] + lo, hi - lo)
             except BaseException:
-                self._unimport(imported)
+                self.unimport(imported)
                 raise
             self._stats["growths"] += 1
         finally:
             close_fds(received)
 
-    def _import(self, peer: int, offset: int, size: int, fd: int, imported: list) -> None:
-        """Map peer's segment at offset in its view; imported collects (peer, offset) for _unimport."""
+    def import_(self, peer: int, offset: int, size: int, fd: int, imported: list) -> None:
+        """Map peer's segment at offset in its view; imported collects (peer, offset) for unimport."""
         d = self.driver
         handle = d.import_(fd)
         try:
-            d.map(self._peer_va[peer] + offset, size, handle)
+            d.map(self.va[peer] + offset, size, handle)
         except BaseException:
             d.release(handle)
             raise
-        self._imports[peer][offset] = (handle, size)
-        self._import_starts[peer].add(offset)
+        self._mapped[peer][offset] = (handle, size)
+        self._starts[peer].add(offset)
         imported.append((peer, offset))
 
-    def _unimport(self, imported: list) -> None:
-        """Take back what _import mapped, newest first (a failure part way leaves nothing mapped)."""
+    def unimport(self, imported: list) -> None:
+        """Take back what import_ mapped, newest first (a failure part way leaves nothing mapped)."""
         for peer, offset in reversed(imported):
-            handle, size = self._forget_import(peer, offset)
-            self.driver.unmap(self._peer_va[peer] + offset, size)
+            handle, size = self._forget(peer, offset)
+            self.driver.unmap(self.va[peer] + offset, size)
             self.driver.release(handle)
         imported.clear()
 
-    def _forget_import(self, peer: int, offset: int):
-        self._import_starts[peer].remove(offset)
-        return self._imports[peer].pop(offset)
+    def _forget(self, peer: int, offset: int):
+        self._starts[peer].remove(offset)
+        return self._mapped[peer].pop(offset)
 
-    def _drop_peer_range(self, lo: int, hi: int, peers: Optional[List[int]] = None) -> None:
+    def drop_range(self, lo: int, hi: int, peers: Optional[List[int]] = None) -> None:
         """Unmap and release every peer segment that starts in [lo, hi)."""
         for p in self.peers if peers is None else peers:
             starts = []
-            for offset in self._import_starts[p].irange(lo):
+            for offset in self._starts[p].irange(lo):
                 if offset >= hi:
                     break
                 starts.append(offset)
             for offset in starts:
-                handle, size = self._forget_import(p, offset)
-                self.driver.unmap(self._peer_va[p] + offset, size)
+                handle, size = self._forget(p, offset)
+                self.driver.unmap(self.va[p] + offset, size)
                 self.driver.release(handle)

@@ -7,6 +7,8 @@ stores could reach, so that one host tests it; only allocator='nvshmem' can reac
 """
 from __future__ import annotations
 
+import torch
+
 from .. import settings
 from ..errors import SettingError
 
@@ -28,3 +30,13 @@ def narrow(bases: dict, rank: int, world: int) -> dict:
     """peer -> base with the peers IRIS_INDIRECT_PEERS names set to 0 (indirect)."""
     names = forced(world)
     return {p: (0 if p in names and p != rank else b) for p, b in bases.items()}
+
+
+def use_device_api(bases, device) -> None:
+    """Kernels compiled from now on carry NVSHMEM's device calls, where a peer is indirect (its entry in
+    bases is 0) or an earlier heap of this process already had one (compiled kernels keep them)."""
+    from ..device import indirect, nvshmem
+    if 0 in bases or indirect.INDIRECT_PEERS:
+        major, minor = torch.cuda.get_device_capability(device)
+        nvshmem.enable(10 * major + minor)
+        indirect.use_indirect_peers()

@@ -28,7 +28,7 @@ PUT_SLOT = 16 << 10  # bytes of that receive area per program, parity and source
 
 def size(world: int, puts: bool = False) -> int:
     """Bytes of the reserve for world ranks; puts: with ccl's put counters and receive area."""
-    used = round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world
+    used = round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world + ALIGN  # ALIGN: the progress counter
     if puts:
         used += 16 * GROUP_PROGRAMS * world + PUT_PROGRAMS * 2 * world * PUT_SLOT
     return round_up(max(4096, used), ALIGN)
@@ -53,7 +53,8 @@ class Reserve:
     int64, [p][s] counts the signals program p of rank s sent here (ccl's group, rooted and p2p
     kernels). With puts: put_counters (GROUP_PROGRAMS, 2, world) int64, [p][0][s] puts received from
     s, [p][1][s] puts s acknowledged; put_area, PUT_PROGRAMS * 2 * world * PUT_SLOT bytes that ccl's
-    put kernel receives into. puts: ccl moves data by puts (every rank decides the same); indirect:
+    put kernel receives into. progress: one int64, the heap's count of frees this rank has passed
+    (lifetime.py). puts: ccl moves data by puts (every rank decides the same); indirect:
     some rank of the job has an indirect peer (iris.ops refuses such a job)."""
 
     def __init__(self, block: torch.Tensor, world: int, puts: bool, indirect: bool):
@@ -67,6 +68,7 @@ class Reserve:
         if puts:
             self.put_counters = self._carve(2 * GROUP_PROGRAMS * world, torch.int64).view(GROUP_PROGRAMS, 2, world)
             self.put_area = self._carve(PUT_PROGRAMS * 2 * world * PUT_SLOT, torch.uint8)
+        self.progress = self._carve(1, torch.int64)  # this rank's count of frees passed, in stream order (progress.py)
 
     def _carve(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         start = round_up(self._used, ALIGN)

@@ -3,17 +3,18 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack
-from typing import Dict
+from functools import cached_property
 
 import torch
 
 from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryError
-from ..allocators.sorted_ints import SortedInts
 from ..allocators.vmem import always
 from ..device.translate import bases_tensor
-from . import reach
-from .imports import Imports, Region
-from .lifetime import Block, Lifetimes, Owner
+from .address_map import SymmetricAddressMap, address_map
+from .as_symmetric import AsSymmetric
+from .factories import Factories
+from .imports import Imports
+from .lifetime import Block, FreedTensor, Lifetimes, Owner
 from .peers import PeerMaps
 from .symmetry import SymmetryCheck, mode_from_env
 from .views import tensor_at, tensor_maker
@@ -25,7 +26,7 @@ def _not_capturing() -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
-class SymmetricHeap(PeerMaps, Imports, Lifetimes):
+class SymmetricHeap(Lifetimes):
     """Every rank's heap at one layout, each peer's mapped here. Creating it is collective."""
 
     def __init__(self, allocator, driver, group, device: torch.device):
@@ -34,14 +35,10 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self.peers = [p for p in range(self.world) if p != self.rank]
         self.symmetry = SymmetryCheck(mode_from_env())
         self._record, self._guarded = self.symmetry.note, self.symmetry.mode == "full"
-        self._adopted: Dict[int, list] = {}  # offset of an imported tensor -> [its Region, imports there]
-        self._regions: Dict[int, Region] = {}  # offset of a region of imported memory -> it
-        self._import_blocks: Dict[int, Block] = {}  # offset of an imported tensor -> its block
         self._stats = {"growths": 0, "exchanges": 0, "trims": 0, "collected": 0}  # stats adds the two hot counts
+        self.imports = Imports(self, self._stats)  # memory mapped from elsewhere (as_symmetric)
         self._frees = 0
-        self._imports: Dict[int, Dict[int, tuple]] = {p: {} for p in self.peers}  # peer -> offset -> (handle, size)
-        self._import_starts = {p: SortedInts() for p in self.peers}  # the same offsets, for range lookups
-        self._peer_va: Dict[int, int] = {}
+        self.peer_maps = PeerMaps(self, self._stats)  # each peer's memory mapped here
         self.closed = False
         self._init_lifetimes()
         self._capturable = device.type == "cuda"
@@ -50,15 +47,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         self._view = tensor_maker(device, carrier=True)  # Owner has the slot
         self._reuse, self._release = allocator.reuse, allocator.free
         with ExitStack() as undo:
-            if allocator.vmm:
-                for p in self.peers:
-                    self._peer_va[p] = driver.reserve(self.size)
-                    undo.callback(driver.free_va, self._peer_va[p], self.size)
-            elif hasattr(allocator, "peer_bases"):  # memory whose peers' copies its provider maps (NVSHMEM)
-                self._peer_va.update(reach.narrow(allocator.peer_bases(self.peers), self.rank, self.world))
-            else:
-                self._open_peer_blocks(undo)
-            self.bases = [allocator.base if p == self.rank else self._peer_va[p] for p in range(self.world)]
+            self.peer_maps.open(undo)
+            self.bases = [allocator.base if p == self.rank else self.peer_maps.va[p] for p in range(self.world)]
             self._base = allocator.base
             self.heap_bases = bases_tensor(self.bases, self.size, self.rank, device)  # hidden entries for IRIS_DEBUG
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
@@ -78,8 +68,8 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
 
         Blocks are whole multiples of 256 bytes, so every free block starts aligned and the policy's
         first candidate always fits. The usual request takes a freed block of its exact size, which
-        is backed memory on every rank: no driver call and no exchange, so it also works inside
-        CUDA graph capture."""
+        is backed memory on every rank: no exchange, and at most a stream wait on the peers' progress
+        (none after a barrier), so it also works inside CUDA graph capture."""
         if nbytes is None:
             nbytes = math.prod(shape) * dtype.itemsize
         if self._guarded:  # closed, or IRIS_CHECK_SYMMETRY=full: one test on the usual path
@@ -88,13 +78,16 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             self.check_symmetry(f"allocate({nbytes}, 256)")
         size = ((nbytes or 1) + 255) & -256
         offset = self._reuse(size)
-        if offset is None:
+        fresh = offset is None
+        if fresh:
             offset = self._allocate(nbytes, size)
         self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
         self._serial = serial = self._serial + 1
         if not serial & 1023:
             self.symmetry.bound()
         self._at[offset] = block = Block(offset, nbytes, serial)
+        if self._fence:  # made on every rank before the wait, so a ReuseTimeout leaves the ranks' heaps alike
+            self._fresh(offset, nbytes) if fresh else self._reused(offset, nbytes)
         return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
 
     def _allocate(self, nbytes: int, size: int) -> int:
@@ -102,14 +95,10 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         if needed (never during CUDA graph capture: growth maps memory and exchanges it with peers),
         and garbage collection when the heap is full."""
         try:
-            offset, new = self.alloc.allocate(size, 256, self._grow_now)
-            if offset is None and self._may_grow():  # freed blocks wait for reuse
-                if self._waiting_bytes() >= max(size, self.alloc.chunk):  # worth a point before growing
-                    self._release_agreed(self.group.allgather(self._point(), "allocate (reuse before growth)"))
-                offset, new = self.alloc.allocate(size, 256, self._may_grow)
+            offset, new = self.alloc.allocate(size, 256, self._may_grow)
         except HeapOutOfMemory as e:
             if getattr(e, "during_growth", False):
-                self._grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
+                self.peer_maps.grow(nbytes, None, None, nbytes, None)  # peers grew; tell them this rank could not
                 raise
             if not self.collect("allocate (heap full)"):  # every rank is full here too
                 raise
@@ -120,29 +109,19 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
                                "this tensor before capture, or reserve room first: before capturing, allocate and "
                                "free one tensor as large as everything the graph allocates.")
         if new:
-            self._grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
+            self.peer_maps.grow(nbytes, offset, new, nbytes, lambda: self.alloc.undo(offset, new))
         return offset
 
-    def _grow_now(self) -> bool:
-        """may_grow for a first try: not while freed blocks wait. _allocate then passes a point first when
-        a chunk (and the request) waits; with less it grows, so that a loop of allocate and free with
-        no collective point does not pass one per allocation (growth's own exchange returns what has
-        finished, so the heap stays within about a chunk of that)."""
-        return not (self._freed or self._waiting) and self._may_grow()
-
-    def _waiting_bytes(self) -> int:
-        return sum(b.nbytes for b in self._freed) + sum(b.nbytes for w in self._waiting.values() for b in w)
-
     def free(self, offset: int) -> int:
-        """Give the block at offset back for reuse once the work queued before this free has finished
-        on every rank (see lifetime.py). Collective: all ranks, same order."""
+        """Give the block at offset back to the pool now; its next allocation waits in stream order for
+        every rank's work queued before this free (see lifetime.py). Collective: all ranks, same order."""
         block = self._at.get(offset)
         if block is not None:
             return self.free_block(block)
-        if offset not in self._adopted:
+        if not self.imports.is_adopted(offset):
             raise ValueError(f"free: no live allocation starts at heap offset {offset}: it was freed already "
                              "(by ctx.free, scope() or garbage collection), or the tensor does not start its block")
-        self._free_import(offset)  # an imported tensor: its region goes once no tensor covers it
+        self.imports.free(offset)  # an imported tensor: its region goes once no tensor covers it
         self._record(~offset)
         self._frees += 1
         return 0
@@ -159,7 +138,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         was freed before it goes back to the pool here. Collective: all ranks."""
         got = self.group.allgather((self.symmetry.token(pending), self._point(sync)), what)
         self.symmetry.compare([g[0] for g in got], self.rank, f"{what} before {pending}" if pending else what)
-        self._release_agreed([g[1] for g in got])
+        self._release_agreed([g[1] for g in got], synced=sync is True)
 
     def trim(self) -> int:
         """Give segments without live data back to the device on every rank; returns bytes released.
@@ -177,7 +156,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         keep = set().union(*(g[1] for g in got))
         segments = [s for s in segments if s.offset not in keep]
         for s in segments:
-            self._drop_peer_range(s.offset, s.offset + s.size)
+            self.peer_maps.drop_range(s.offset, s.offset + s.size)
         self.alloc.release(segments)
         self._stats["trims"] += 1
         return sum(s.size for s in segments)
@@ -189,16 +168,48 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             out.update(off for off, size in desc if off < lo + max(n, 1) and lo < off + size)
         return sorted(out)
 
+    @cached_property
+    def factories(self) -> Factories:
+        """torch's tensor factories over this heap (ctx.zeros, ...)."""
+        return Factories(self)
+
+    @cached_property
+    def as_symmetric(self) -> AsSymmetric:
+        """heap.as_symmetric(t, copy): t's contents on the heap, zero copy where t's memory can be mapped."""
+        return AsSymmetric(self, self.factories)
+
+    # -- address maps (Iris's allocate_symmetric) ---------------------------
+    def allocate_symmetric_map(self, *size, dtype=None):
+        """(new heap tensor, its SymmetricAddressMap). Collective: all ranks, same order, same sizes."""
+        t = self.factories.empty(*size, dtype=dtype)
+        return t, self.address_map(t)
+
+    def address_map(self, t: torch.Tensor) -> SymmetricAddressMap:
+        """The SymmetricAddressMap of the allocation t lies in (a view maps to its whole allocation,
+        so translation stays exact); KeyError if t is not in a live allocation of this heap."""
+        if not isinstance(t, torch.Tensor) or not self.contains(t):
+            raise KeyError("the tensor is not on this heap: allocate it with ctx.allocate_symmetric or a factory")
+        try:
+            block = self.block_of(t)[0]
+        except ValueError as e:
+            raise KeyError(str(e)) from None
+        bases = [b + block.offset if b else 0 for b in self.bases]
+        return address_map(bases, self.rank, self.world, bases[self.rank], block.nbytes, self.device)
+
     # -- views -------------------------------------------------------------
+    def block_at(self, address: int):
+        """The live block made by allocate that starts at address, or None: ctx.free's usual path."""
+        return self._at.get(address - self._base)
+
     def tensor(self, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
         """A view of the imported tensor at offset (as_symmetric)."""
-        block = self._import_blocks[offset]
+        block = self.imports.blocks[offset]
         return tensor_at(self.bases[self.rank] + offset, torch.Size(shape), dtype, self.device, Owner(self, block))
 
     def block_of(self, t: torch.Tensor):
         """(the live block t's storage was made over, t's byte offset in the heap); raises if there is none."""
         start = t.untyped_storage().data_ptr() - self._base
-        block = self._at.get(start) or self._import_blocks.get(start)
+        block = self._at.get(start) or self.imports.blocks.get(start)
         if block is None or t.get_device() != self._device_index:
             offset = self.offset_of(t)  # names a tensor that is not on the heap at all
             raise ValueError(f"the tensor at heap offset {offset} belongs to no live allocation: it was freed "
@@ -227,7 +238,7 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
         return offset
 
     def contains(self, t: torch.Tensor) -> bool:
-        if t.device != self.device:
+        if type(t) is FreedTensor or t.device != self.device:  # a freed tensor is on no heap any more
             return False
         start = self.address(t) - self.bases[self.rank]
         span = 0 if t.numel() == 0 else sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
@@ -268,8 +279,10 @@ class SymmetricHeap(PeerMaps, Imports, Lifetimes):
             return True
 
     def _teardown(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
         try:
-            self._drop_peer_range(0, self.size)
+            self.peer_maps.drop_range(0, self.size)
             self._peer_blocks.close()  # peer reservations, or peer blocks opened once
             self.alloc.close()
         finally:

@@ -12,9 +12,9 @@ be captured in a CUDA graph. Every op returns its workspace, as Iris's do.
 Layouts follow the shapes. all_gather_matmul: A row-sharded (m x K, B K x N, output world*m x N),
 or Iris's column-sharded A (M x K_local, B world*K_local x N, output M x N). matmul_reduce_scatter:
 output M/world x N takes this rank's rows; output M x N is Iris's layout, this rank's tiles
-(owned_tiles.py). matmul_all_reduce: FusedConfig.all_reduce_variant "one_shot" or "two_shot";
-FusedConfig(variant="tiles") runs both through the device tile API (matmul_tile_reduce.py), where
-matmul_all_reduce also takes "atomic", "spinlock" and "ring".
+(owned_tiles.py). matmul_all_reduce: FusedConfig.all_reduce_variant "one_shot" or "two_shot" by
+iris's fused kernels; "atomic", "spinlock" and "ring" (Iris's other names) through the device tile API
+(matmul_tile_reduce.py), as FusedConfig(variant="tiles") runs every variant.
 
 Two implementations (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS
 by chunks of rows with copy-engine transfers on side streams (streamed.py). With config=None iris
@@ -38,13 +38,18 @@ from . import owned_tiles as _ot
 from . import streamed as _st
 from ..errors import IndirectPeerError
 from .config import FusedConfig
-from .gemm import interpreted, matmul
+# Iris's module path iris.ops.matmul_reduce_scatter; bound after the submodule loads, so the name is the function
+from .matmul_reduce_scatter import matmul_reduce_scatter, matmul_reduce_scatter_preamble
+from .gemm import interpreted, matmul, tiles_for
 from .workspace import FusedWorkspace
 
 # where "streamed" is chosen: benchmarks/gemm_comm.py (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
 STREAMED_MIN_ROWS = 1024
 STREAMED_MIN_MACS = 1 << 36
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
+# matmul_all_reduce's variants that only the tile-API kernel runs (Iris's atomic and spinlock add each tile
+# into every rank's zeroed output; ring reduces the published partials around the ring)
+TILE_API_VARIANTS = ("atomic", "spinlock", "ring")
 
 __all__ = ["FusedConfig", "FusedWorkspace", "OpsNamespace", "all_gather_matmul", "all_gather_matmul_preamble", "matmul",
            "matmul_all_gather", "matmul_all_gather_preamble", "matmul_all_reduce", "matmul_all_reduce_preamble",
@@ -100,12 +105,31 @@ class OpsNamespace:
             workspace.update(self._preamble(kind, output, A, B, config))
             return workspace
         self._kind(kind, output, A, B, config)
+        self._locks_cover(name, workspace, output, A, config)
         built = workspace.get("built_for", ())
         if built[1:] != (tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device):
             raise ValueError(f"{name}: the workspace was built for A {built[1:2]}, B {built[2:3]}, output "
                              f"{built[3:4]} {built[4:6]}, not A {tuple(A.shape)}, B {tuple(B.shape)}, output "
                              f"{tuple(output.shape)} {A.dtype} on {A.device}; build one with {name}_preamble")
         return workspace
+
+    @staticmethod
+    def _locks_cover(name, workspace, output, A, config) -> None:
+        """Iris's check of a matmul_all_reduce workspace passed back with a config of smaller tiles: its
+        per-tile locks would not cover them. Raised before anything runs, the same on every rank."""
+        built = workspace.get("tiles")
+        if name != "matmul_all_reduce" or config is None or built is None or output.dim() != 2:
+            return
+        if workspace.get("op") == "ar_tiles":
+            config = dataclasses.replace(config, **{k: v for k, v in IRIS_TILE.items() if getattr(config, k) is None})
+        m, n = output.shape
+        want = tiles_for(m, n, A.device, config, A.element_size())
+        have, need = -(-m // built.bm) * -(-n // built.bn), -(-m // want.bm) * -(-n // want.bn)
+        if have < need:
+            raise ValueError(f"{name}: Lock array too small: have {have} but need {need} for block_size_m={want.bm}, "
+                             f"block_size_n={want.bn}: the workspace passed back was built for {built.bm}x{built.bn} "
+                             f"tiles. Pre-allocate workspace with the smallest block sizes you intend to use "
+                             f"({name}_preamble with this config), or leave workspace= out")
 
     def _variant(self, kind, output, A, B, config) -> str:
         if config is not None:
@@ -140,9 +164,9 @@ class OpsNamespace:
         elif kind == "ar":
             _mr.check("matmul_all_reduce", A, B, output, w, False)
             if config is not None and config.variant != "streamed":
-                if config.all_reduce_variant not in ("one_shot", "two_shot"):
-                    raise ValueError(f"matmul_all_reduce supports only all_reduce_variant 'one_shot' and 'two_shot', "
-                                     f"got {config.all_reduce_variant!r}")
+                if config.all_reduce_variant in TILE_API_VARIANTS:
+                    _mtr.check("matmul_all_reduce", self._ctx, A, B, output, config, False)
+                    return "ar_tile_api"
                 if config.all_reduce_variant == "two_shot" and w > 1:
                     return "ar_tiles"
         elif kind == "rs" and w > 1 and output.dim() == 2 and A.dim() == 2 and tuple(output.shape) == tuple(
@@ -272,17 +296,6 @@ def matmul_all_reduce(shmem, C, A, B, async_op=False, config=None, workspace=Non
 def matmul_all_reduce_preamble(shmem, C, A, B, config=None, workspace=None) -> dict:
     """Workspace for matmul_all_reduce. Collective: all ranks, same order, same sizes."""
     return shmem.ops.matmul_all_reduce_preamble(C, A, B, config=config, workspace=workspace)
-
-
-def matmul_reduce_scatter(shmem, C, A, B, async_op=False, config=None, workspace=None) -> dict:
-    """This rank's rows or (C M x N) tiles of sum over ranks of A_r @ B_r. Collective: all ranks, same order,
-    same sizes."""
-    return shmem.ops.matmul_reduce_scatter(C, A, B, async_op=async_op, config=config, workspace=workspace)
-
-
-def matmul_reduce_scatter_preamble(shmem, C, A, B, config=None, workspace=None) -> dict:
-    """Workspace for matmul_reduce_scatter. Collective: all ranks, same order, same sizes."""
-    return shmem.ops.matmul_reduce_scatter_preamble(C, A, B, config=config, workspace=workspace)
 
 
 def all_gather_matmul(shmem, output_tensor, A_sharded, B, bias=None, async_op=False, config=None,

@@ -17,7 +17,8 @@ class FusedConfig:
     of that many rows share B columns in L2; num_sms: programs of the persistent grid (default every
     SM, or one under the interpreter); all_reduce_variant: matmul_all_reduce's algorithm, "two_shot"
     (each rank reduces the tiles it owns and sends them to every rank) or "one_shot" (every rank
-    receives every partial and reduces all); Iris's other names raise, as in Iris.
+    receives every partial and reduces all); "atomic", "spinlock" (each tile added into every rank's
+    zeroed output) and "ring" run through the device tile API (iris/ops/matmul_tile_reduce.py).
     Accepted for Iris's programs, without effect on NVIDIA (docs/porting-from-iris.md): num_xcds,
     chunk_size (AMD chiplets), cache_modifier_a/b (operands are read through TMA or plain loads),
     all_reduce_num_rings (the ring variant), reduce_num_sms (no separate reduction kernel here).

@@ -22,7 +22,7 @@ from ..device import signal
 from ..device import tile_collectives as tiles
 from ..device.tiles import Tile, TileView, make_tensor_view
 from .config import FusedConfig
-from .gemm import _dot_tile, _tile_mn, check_operands, interpreted, launch, tile_args, tiles_for
+from .gemm import _dot_tile, _tile_mn, check_operands, launch, tile_args, tiles_for
 
 ZEROED = ("atomic", "spinlock")  # the variants that add into a zeroed output
 VARIANTS = ("atomic", "spinlock", "one_shot", "two_shot", "ring")

@@ -18,6 +18,7 @@ from .driver import IpcHandle, reserve_failed
 
 _POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 _READWRITE = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+_GEQ = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
 IPC_HANDLE_SIZE = cu.CU_IPC_HANDLE_SIZE  # 64: CUipcMemHandle is char reserved[CU_IPC_HANDLE_SIZE]
 
 
@@ -198,3 +199,13 @@ class CudaDriver:
         bases.pop()
         if not bases:
             del self._ipc[ptr]
+
+    # -- stream-ordered words ----------------------------------------------
+    def stream_write(self, stream: int, address: int, value: int) -> None:
+        """Write value to the 8 bytes at address once the stream's earlier work has finished (the
+        default flags order the write after that work's memory operations)."""
+        _check("cuStreamWriteValue64", cu.cuStreamWriteValue64(stream, address, value, 0))
+
+    def stream_wait(self, stream: int, address: int, value: int) -> None:
+        """Hold the stream's later work until the 8 bytes at address (local or a peer's mapping) are >= value."""
+        _check("cuStreamWaitValue64", cu.cuStreamWaitValue64(stream, address, value, _GEQ))

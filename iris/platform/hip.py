@@ -15,6 +15,7 @@ from .driver import IpcHandle, reserve_failed
 
 _POSIX_FD = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
 _IPC_HANDLE_SIZE = 64
+_GTE, _ALL_BITS = 0x0, (1 << 64) - 1  # hipStreamWaitValueGte (hip_runtime_api.h), a mask of every bit
 
 
 def _check(call: str, result):
@@ -171,3 +172,12 @@ class HipDriver:
         bases.pop()
         if not bases:
             del self._ipc[ptr]
+
+    # -- stream-ordered words ----------------------------------------------
+    def stream_write(self, stream: int, address: int, value: int) -> None:
+        """Write value to the 8 bytes at address once the stream's earlier work has finished."""
+        _check("hipStreamWriteValue64", hip.hipStreamWriteValue64(stream, address, value, 0))
+
+    def stream_wait(self, stream: int, address: int, value: int) -> None:
+        """Hold the stream's later work until the 8 bytes at address (local or a peer's mapping) are >= value."""
+        _check("hipStreamWaitValue64", hip.hipStreamWaitValue64(stream, address, value, _GTE, _ALL_BITS))

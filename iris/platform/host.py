@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import time
 from typing import Optional, Sequence
 
 from ..errors import DriverError
@@ -92,6 +93,18 @@ class HostDriver:
                               oom=e.errno in (errno.ENOMEM, errno.ENOSPC)) from None
         return fd
 
+    def create_sparse(self, size: int) -> int:
+        """A memfd of size bytes that commits pages only as they are first touched (the torch
+        allocator's block: a host heap takes only the memory its tensors use)."""
+        fd = os.memfd_create("iris", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+        except OSError as e:
+            os.close(fd)
+            raise DriverError("memfd_create/ftruncate", errno.errorcode.get(e.errno, e.errno), f"{size} bytes: {e.strerror}",
+                              oom=e.errno in (errno.ENOMEM, errno.ENOSPC, errno.EFBIG)) from None
+        return fd
+
     def release(self, handle: int) -> None:
         os.close(handle)
 
@@ -142,3 +155,23 @@ class HostDriver:
         page = self.granularity()
         lead = ptr % page
         self.free_va(ptr - lead, lead + size)
+
+    # -- stream-ordered words: the host runs work synchronously, so "in stream order" is now --------
+    def stream_write(self, stream: int, address: int, value: int) -> None:
+        """Store value at address now: every kernel this process queued before has already run."""
+        ctypes.c_int64.from_address(address).value = value
+
+    def stream_wait(self, stream: int, address: int, value: int, timeout: float = None) -> None:
+        """Return once the 8 bytes at address (a peer process may write them) are >= value; raise
+        DriverError(ETIMEDOUT) after timeout seconds (None: no limit)."""
+        word, start = ctypes.c_int64.from_address(address), time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        while word.value < value:
+            now = time.monotonic()
+            if now - start < 2e-3:  # the writer is usually a step away: give it the core, do not sleep past it
+                os.sched_yield()
+            else:
+                time.sleep(1e-4)
+                if deadline is not None and now > deadline:
+                    raise DriverError("stream_wait", "ETIMEDOUT", f"the word at {address:#x} is {word.value}, "
+                                      f"below {value}, after {timeout} s")
