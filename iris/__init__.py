@@ -23,6 +23,10 @@ except ValueError:  # a bad IRIS_PLATFORM: iris.iris() and `iris info` report it
 if _host:  # kernels over host memory run in Triton's interpreter
     _os.environ.setdefault(_settings.INTERPRET.name, "1")
 
+from .torch_backend import install as _install_torch_backend  # noqa: E402 (after the platform choice)
+
+_install_torch_backend()  # dist.init_process_group("iris"): registered now or when torch.distributed loads
+
 _DEVICE = ["atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",
            "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "get", "load", "put", "signal", "store",
            "translate", "wait"]

@@ -49,11 +49,12 @@ class Iris:
     """A symmetric heap shared by every rank of the job. Creating one is collective: all ranks.
 
     heap_size bytes are the user's: iris's own flags live in a small reserve beyond them.
-    allocator_type is Iris's name for allocator.
+    allocator_type is Iris's name for allocator. group: an iris.distributed.Group already formed (the
+    torch.distributed backend forms one from torch's store); None finds the job's launcher.
     """
 
     def __init__(self, heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,
-                 timeout: Optional[float] = None, allocator_type: Optional[str] = None):
+                 timeout: Optional[float] = None, allocator_type: Optional[str] = None, group=None):
         heap_size = check_heap_size(heap_size)
         if allocator is not None and allocator_type is not None and allocator != allocator_type:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
@@ -61,7 +62,7 @@ class Iris:
         self.allocator_name = name = allocator_named(name)
         self._debug = settings.DEBUG.get()  # ctx.free's check of other views
         self.driver = get_driver(platform)
-        self.group = distributed.connect(timeout)
+        self.group = distributed.connect(timeout) if group is None else group
         self.rank, self.world = self.group.rank, self.group.world
         alloc = None
         try:

@@ -11,6 +11,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,9 +25,24 @@ from ..errors import BootstrapError
 from .bootstrap import job_secret
 
 
-def job_env(rank: int, world: int, socket_dir: str, secret: str) -> dict:
+def torch_port() -> str:
+    """The port torch.distributed's env:// rendezvous uses in a job of this launcher: MASTER_PORT where
+    the caller set one, else a free one of this host."""
+    if os.environ.get("MASTER_PORT"):
+        return os.environ["MASTER_PORT"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def job_env(rank: int, world: int, socket_dir: str, secret: str, port: str = "") -> dict:
+    """A rank's environment: iris's own variables, and torch.distributed's env:// ones (one host), so
+    `dist.init_process_group(...)` needs no arguments under this launcher as under torchrun."""
     env = {settings.RANK.name: str(rank), settings.WORLD_SIZE.name: str(world), settings.LOCAL_RANK.name: str(rank),
            settings.SOCKET_DIR.name: socket_dir, settings.JOB_SECRET.name: secret}
+    if port:
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR=os.environ.get("MASTER_ADDR") or "127.0.0.1", MASTER_PORT=port)
     from ..platform import detect
     if detect() == "host" and not settings.INTERPRET.is_set():  # the interpreter, unless the caller says otherwise
         env[settings.INTERPRET.name] = "1"
@@ -213,14 +229,14 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int
     killed rank, 130 after Ctrl-C)."""
     nprocs = _check_nprocs(nprocs)
     check_job_env()
-    socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
+    socket_dir, secret, port = tempfile.mkdtemp(prefix="iris-job-"), job_secret(), torch_port()
     procs, tails, pumps = [], [collections.deque(maxlen=tail_lines) for _ in range(nprocs)], []
     relay = Relay(prefix)
     wrapped = argv and not str(argv[0]).startswith("-")  # a script, not -m/-c
     try:
         try:
             for r in range(nprocs):
-                env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret))
+                env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret, port))
                 env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the relay as they are printed
                 wrapper = [RANK_SCRIPT, os.path.join(socket_dir, f"rank{r}")] if wrapped else []
                 procs.append(subprocess.Popen([sys.executable, *wrapper, *argv], env=env, stdout=subprocess.PIPE,
@@ -302,13 +318,13 @@ def _is_open(fd: int) -> bool:
         return False
 
 
-def _child(payload, env, streams, rank, world, socket_dir, secret, results):
+def _child(payload, env, streams, rank, world, socket_dir, secret, results, port=""):
     """One rank: the caller's environment and stdout/stderr, then fn(*args), unpickled only now so
     that every module it imports sees that environment, as in a fresh process."""
     gc.freeze()  # what the fork server imported lives as long as the rank: collections need not walk it
     os.environ.clear()
     os.environ.update(env)
-    os.environ.update(job_env(rank, world, socket_dir, secret))
+    os.environ.update(job_env(rank, world, socket_dir, secret, port))
     for fd, inherited in streams.items():
         os.dup2(inherited, fd)
         os.close(inherited)
@@ -338,13 +354,13 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -
                         "in args") from None
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch"])  # read when the server starts: once per calling process
-    socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
+    socket_dir, secret, port = tempfile.mkdtemp(prefix="iris-job-"), job_secret(), torch_port()
     results = ctx.Queue()
     sys.stdout.flush()
     sys.stderr.flush()
     streams = {fd: _Inherited(fd) for fd in (1, 2) if _is_open(fd)}
     procs = [ctx.Process(target=_child, args=(payload, dict(os.environ), streams, r, nprocs, socket_dir, secret,
-                                              results), daemon=True)
+                                              results, port), daemon=True)
              for r in range(nprocs)]
     out, errors = {}, []
     try:
