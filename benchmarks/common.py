@@ -14,9 +14,19 @@ import torch.distributed as dist
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def nccl_unusable(world: int | None = None) -> str | None:
+    """Why NCCL cannot serve this job's references here, or None: it refuses two ranks on one GPU
+    ("Duplicate GPU detected"), which is how iris runs several ranks on a single GPU."""
+    if not torch.cuda.is_available():
+        return "no GPU"
+    world = world or int(os.environ.get("IRIS_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    gpus = torch.cuda.device_count()
+    return None if world <= gpus else f"NCCL needs a GPU per rank; {world} ranks share {gpus} GPU(s)"
+
+
 def init_torch_distributed(backend: str | None = None) -> tuple[int, int]:
-    """A torch process group over the ranks iris.run (or torchrun) started: backend, else NCCL on GPUs and
-    gloo on the host."""
+    """A torch process group over the ranks iris.run (or torchrun) started: backend, else NCCL on GPUs
+    (gloo where ranks share a GPU, see nccl_unusable) and gloo on the host."""
     if not dist.is_initialized():
         rank = int(os.environ.get("IRIS_RANK", os.environ.get("RANK", 0)))
         world = int(os.environ.get("IRIS_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
@@ -24,7 +34,7 @@ def init_torch_distributed(backend: str | None = None) -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", "29533")
         if torch.cuda.is_available():
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        backend = backend or ("nccl" if not nccl_unusable(world) else "gloo")
         kwargs = {"device_id": torch.device("cuda", rank % torch.cuda.device_count())} if backend == "nccl" else {}
         dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
     return dist.get_rank(), dist.get_world_size()

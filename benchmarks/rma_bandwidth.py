@@ -34,7 +34,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command_line, timed  # noqa: E402
+from common import command_line, nccl_unusable, timed  # noqa: E402
 
 import iris  # noqa: E402
 from iris.ccl.launch import Launcher  # noqa: E402
@@ -95,7 +95,7 @@ def init_distributed(gpu: bool) -> tuple[int, int]:
     os.environ.setdefault("MASTER_PORT", "29511")
     if gpu:
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
+    dist.init_process_group("nccl" if gpu and not nccl_unusable(world) else "gloo", rank=rank, world_size=world)
     return rank, world
 
 
@@ -135,6 +135,8 @@ class Bench:
         self.args, self.dry = args, args.dry_run
         self.gpu = torch.cuda.is_available() and not self.dry
         self.rank, self.world = init_distributed(self.gpu)
+        # the collective references: NCCL's, gloo's on the host, none where ranks share a GPU
+        self.no_nccl = nccl_unusable(self.world) if self.gpu else None
         self.ctx = iris.iris(heap_size=args.heap_mib * MiB)
         self.dev, self.hb = self.ctx.get_device(), self.ctx.get_heap_bases()
         self.sms = torch.cuda.get_device_properties(self.dev).multi_processor_count if self.gpu else 1
@@ -245,7 +247,7 @@ class Bench:
                                             if me == 0 else None)[0]
             ctx.barrier()
             # NCCL (gloo on the host) send/recv, 0 -> 1: the slower side's median
-            if me in (0, 1):
+            if me in (0, 1) and not self.no_nccl:
                 op = (lambda: dist.send(src[:n], 1)) if me == 0 else (lambda: dist.recv(dst[:n], 0))
                 t = median(timed(dev, op, reps))
             else:
@@ -311,14 +313,15 @@ class Bench:
             self.ctx.barrier()
             base = torch.arange(n, dtype=torch.int32, device=dev)
             ok = all(torch.equal(recv[r * n:(r + 1) * n], base + me * n + 100 * r) for r in range(w) if r != me)
-            t_nccl = max(gather(median(timed(dev, lambda: dist.all_to_all_single(recv, send), reps))))
+            t_nccl = None if self.no_nccl else max(gather(median(timed(dev, lambda: dist.all_to_all_single(recv, send),
+                                                                         reps))))
             moved = w * (w - 1) * nbytes  # NCCL also copies each rank's own chunk; not counted
             row = {"bytes_per_pair": nbytes, "iris_s": t_iris, "nccl_all_to_all_s": t_nccl,
                    "iris_GBps": gbps(moved, t_iris), "nccl_all_to_all_GBps": gbps(moved, t_nccl),
                    "iris_checked": all(gather(ok))}
             row["iris_vs_nccl"] = ratio(row["iris_GBps"], row["nccl_all_to_all_GBps"])
             rows.append(row)
-            self.log(f"{nbytes:>12} {row['iris_GBps']:9.1f} {row['nccl_all_to_all_GBps']:9.1f}"
+            self.log(f"{nbytes:>12} {fmt(row['iris_GBps'])} {fmt(row['nccl_all_to_all_GBps'])}"
                      + ("" if row["iris_checked"] else "  DATA WRONG"))
         self.ctx.free(dst)
         self.ctx.free(src)
@@ -346,7 +349,8 @@ class Bench:
         def loop(fn):
             return lambda: [fn() for _ in range(k)]
 
-        for name, fn in (("device_barrier", ctx.device_barrier), ("nccl_all_reduce_int", lambda: dist.all_reduce(one))):
+        refs = [] if self.no_nccl else [("nccl_all_reduce_int", lambda: dist.all_reduce(one))]
+        for name, fn in [("device_barrier", ctx.device_barrier)] + refs:
             ctx.barrier()
             out[f"{name}_eager_us"] = max(gather(median(timed(dev, loop(fn), 5)) / k * 1e6))
             if self.gpu:
@@ -424,6 +428,8 @@ def main(argv=None) -> int:
                         "directly, after the first call)",
                         "all_pairs counts world*(world-1) chunks; NCCL's all_to_all also copies each rank's own",
                         "eager latencies include a launch per call; *_graph_* ones replay a captured CUDA graph"]}
+    if b.no_nccl:
+        result["references_skipped"] = {"NCCL": b.no_nccl}
     if "p2p" not in skip:
         result["point_to_point"], result["tuning"] = b.point_to_point()
         result["kernel_config"] = b.config

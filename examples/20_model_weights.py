@@ -13,6 +13,11 @@ import triton.language as tl
 
 import iris
 
+try:
+    from safetensors.torch import save_file
+except ImportError:
+    raise SystemExit("this example writes its checkpoint with safetensors: pip install 'iris-shmem[weights]'") from None
+
 CONFIG = {"vocab": 256, "dim": 64, "heads": 4, "ffn": 256, "layers": 2, "seed": 0}
 
 
@@ -71,7 +76,6 @@ def main():
     ref = TinyTransformer(**CONFIG).to(dev).eval()
     path = os.path.join(tempfile.gettempdir(), f"iris-tiny-transformer-{os.getuid()}-{os.environ.get('IRIS_SOCKET_DIR', '').replace('/', '_')}.safetensors")
     if r == 0:
-        from safetensors.torch import save_file
         save_file({k: v.detach().cpu().contiguous() for k, v in ref.state_dict().items()}, path)
     ctx.barrier()
 

@@ -18,6 +18,11 @@ import triton.language as tl
 
 import iris
 
+try:
+    from safetensors.torch import save_file
+except ImportError:
+    raise SystemExit("this example writes its checkpoint with safetensors: pip install 'iris-shmem[weights]'") from None
+
 CONFIG = {"vocab": 512, "dim": 64, "heads": 4, "ffn": 128, "layers": 2}
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 32
 
@@ -41,7 +46,6 @@ def init_weights(vocab, dim, heads, ffn, layers, seed=0):
 
 
 def write_checkpoint(folder, weights):
-    from safetensors.torch import save_file
     names = sorted(weights)
     weight_map = {}
     for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):

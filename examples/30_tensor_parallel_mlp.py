@@ -14,6 +14,11 @@ import torch
 
 import iris
 
+try:
+    from safetensors.torch import save_file
+except ImportError:
+    raise SystemExit("this example writes its checkpoint with safetensors: pip install 'iris-shmem[weights]'") from None
+
 BATCH, DIM, HIDDEN = 8, 64, 256
 
 
@@ -30,7 +35,6 @@ def main():
     # one file for the job: rank 0 names and writes it, the others learn its name from rank 0
     path = ctx.group.allgather(os.path.join(tempfile.mkdtemp(), "mlp.safetensors") if r == 0 else None)[0]
     if r == 0:
-        from safetensors.torch import save_file
         save_file(full, path)
     ctx.barrier()
 

@@ -13,7 +13,7 @@ import torch
 from . import distributed, settings
 from .allocators import ALLOCATORS, allocator_named, check_heap_size
 from .device_name import DeviceName
-from .errors import IrisError
+from .errors import IrisError, pip_install, user_stacklevel
 from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .device.translate import HIDDEN, bases_table
@@ -49,11 +49,12 @@ class Iris:
     """A symmetric heap shared by every rank of the job. Creating one is collective: all ranks.
 
     heap_size bytes are the user's: iris's own flags live in a small reserve beyond them.
-    allocator_type is Iris's name for allocator.
+    allocator_type is Iris's name for allocator. group: an iris.distributed.Group already formed (the
+    torch.distributed backend forms one from torch's store); None finds the job's launcher.
     """
 
     def __init__(self, heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,
-                 timeout: Optional[float] = None, allocator_type: Optional[str] = None):
+                 timeout: Optional[float] = None, allocator_type: Optional[str] = None, group=None):
         heap_size = check_heap_size(heap_size)
         if allocator is not None and allocator_type is not None and allocator != allocator_type:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
@@ -61,13 +62,13 @@ class Iris:
         self.allocator_name = name = allocator_named(name)
         self._debug = settings.DEBUG.get()  # ctx.free's check of other views
         self.driver = get_driver(platform)
-        self.group = distributed.connect(timeout)
+        self.group = distributed.connect(timeout) if group is None else group
         self.rank, self.world = self.group.rank, self.group.world
         alloc = None
         try:
             if getattr(ALLOCATORS[name], "one_host", True):  # peers mapped by IPC or fds: one host only
                 self.group.require_one_host(f"allocator={name!r}", "Use allocator='nvshmem', whose peers on other "
-                                            "hosts are reached through NVSHMEM (pip install 'iris[nvshmem]').")
+                                            f"hosts are reached through NVSHMEM ({pip_install('nvshmem')}).")
                 named = reach.forced(self.world)
                 if named:
                     raise IrisError(f"IRIS_INDIRECT_PEERS names ranks {sorted(named)} as indirect peers, which only "
@@ -92,7 +93,7 @@ class Iris:
                 grown = _reserve.size(self.world, True)
                 warnings.warn(f"this job's ranks reach some peers only through NVSHMEM although it runs on one host: "
                               f"ctx.ccl's receive area ({grown - reserve} bytes) comes out of heap_size; "
-                              "set IRIS_CCL_PUTS=1 to add it beyond heap_size instead", stacklevel=2)
+                              "set IRIS_CCL_PUTS=1 to add it beyond heap_size instead", stacklevel=user_stacklevel())
                 alloc.reserved = reserve = grown
             # allocated first, so no scope() or free can take it
             self.reserve = Reserve(self.heap.new_tensor(torch.Size((reserve,)), torch.uint8), self.world, ccl_puts,

@@ -1,5 +1,23 @@
 """One small tree of errors: everything iris raises on purpose is an IrisError."""
 
+DISTRIBUTION = "iris-shmem"  # the name on the package index; `iris` there is another project
+
+
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel that names the first caller outside the iris package, however deep
+    inside iris the warning is raised (iris.iris() and Iris() reach an allocator by different paths)."""
+    import os
+    import sys
+    package, frame, level = os.path.dirname(os.path.abspath(__file__)) + os.sep, sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def pip_install(extra: str = "") -> str:
+    """The command that installs iris with an extra, as error messages and docs spell it."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'" if extra else f"pip install {DISTRIBUTION}"
+
 
 class IrisError(Exception):
     """Base of every error iris raises on purpose."""
@@ -29,6 +47,10 @@ class BootstrapError(IrisError, RuntimeError):
     def __init__(self, message: str, missing=()):
         self.missing = tuple(missing)
         super().__init__(message)
+
+
+class DeviceCheckError(IrisError, RuntimeError):
+    """IRIS_DEBUG=1: a device function got a rank outside [0, world) or a pointer outside the heap."""
 
 
 class SymmetryError(IrisError, RuntimeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any, Callable, NamedTuple
 
 from .errors import SettingError
@@ -95,6 +96,18 @@ def _peers(name: str, text: str):
         raise SettingError(f"{name}={value!r}: use 'all', 'none' or ranks separated by commas, e.g. '1,3'") from None
 
 
+_UNITS = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def _bytes(name: str, text: str) -> int:
+    """A positive number of bytes, with an optional unit: K, M, G (KB/KiB ..., powers of 1024)."""
+    m = re.fullmatch(r"(\d+)\s*([A-Za-z]*)", text.strip())
+    if m is None or m[2].lower() not in _UNITS or int(m[1]) <= 0:
+        raise SettingError(f"{name}={text!r} is not a size; give bytes, e.g. {name}=1073741824 or {name}=1G")
+    return int(m[1]) * _UNITS[m[2].lower()]
+
+
 PLATFORMS = ("cuda", "hip", "host")
 SYMMETRY_MODES = ("off", "cheap", "full")
 
@@ -120,6 +133,8 @@ ADDR = Setting("IRIS_ADDR", None, "address of this host that other hosts reach r
                "one routing to MASTER_ADDR)", _text)
 PORT = Setting("IRIS_PORT", 0, "TCP port of rank 0's rendezvous across hosts (0: any free port)", _count)
 HOSTNAME = Setting("IRIS_HOSTNAME", None, "this rank's host as peers compare it (unset: socket.gethostname())", _text)
+HEAP_SIZE = Setting("IRIS_HEAP_SIZE", 1 << 30, "bytes of the heap the torch.distributed backend \"iris\" builds "
+                    "(a number, or with K, M, G); Options(heap_size=) wins", _bytes)
 RANK = Setting("IRIS_RANK", None, "this process's rank (set by the launcher)", _count)
 WORLD_SIZE = Setting("IRIS_WORLD_SIZE", None, "the number of ranks (set by the launcher)", _count)
 LOCAL_RANK = Setting("IRIS_LOCAL_RANK", None, "this process's rank on its host (set by the launcher)", _count)
@@ -131,7 +146,7 @@ INTERPRET = Setting("TRITON_INTERPRET", False, "kernels run in Triton's interpre
                     "platform before any kernel is defined)", _flag)
 
 SETTINGS = {s.name: s for s in (PLATFORM, ALLOCATOR, TIMEOUT, CHECK_SYMMETRY, DEBUG, REUSE_TIMEOUT, INDIRECT_PEERS,
-                                CCL_PUTS, NVSHMEM_BITCODE, ADDR, PORT, HOSTNAME, RANK, WORLD_SIZE, LOCAL_RANK,
+                                CCL_PUTS, NVSHMEM_BITCODE, ADDR, PORT, HOSTNAME, HEAP_SIZE, RANK, WORLD_SIZE, LOCAL_RANK,
                                 SOCKET_DIR, JOB_SECRET, INTERPRET)}
 SECRET = (JOB_SECRET.name,)  # never printed
 

@@ -19,10 +19,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# Memory one host worker may need at its peak: a test's ranks (2-4 processes with torch and Triton
+# loaded) and their heaps. The whole suite on 2 workers peaked at 2.2 GiB (PSS of the process tree),
+# one worker's tree at 1.2 GiB; the rest is room for the host heap's pages and for other jobs.
+WORKER_BYTES = 3 << 30
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (what can be had without swapping), or 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
 def pytest_xdist_auto_num_workers(config):
     """-n auto (pyproject's addopts): on the host one worker per core, so one test's waits (timeouts,
-    launches) overlap another's work. One process with a GPU, as ranks of concurrent tests would
-    share it and disturb each other's timings, and for a pytest that a test starts inside a worker."""
+    launches) overlap another's work, but no more than the available memory holds (WORKER_BYTES
+    each), so a busy machine runs fewer workers rather than losing them to the OOM killer. One
+    process with a GPU, as ranks of concurrent tests would share it and disturb each other's
+    timings, and for a pytest that a test starts inside a worker."""
     if torch.cuda.is_available() or "PYTEST_XDIST_WORKER" in os.environ:
         return 0
-    return len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    memory = available_bytes()
+    workers = min(cores, memory // WORKER_BYTES) if memory else cores
+    if workers < cores:
+        print(f"conftest: {workers or 1} pytest worker(s), not {cores}: {memory / (1 << 30):.1f} GiB available, "
+              f"{WORKER_BYTES >> 30} GiB per worker", flush=True)
+    return max(1, workers)

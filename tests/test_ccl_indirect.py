@@ -244,7 +244,7 @@ def test_every_collective_over_indirect_peers_gpu(setting, world, monkeypatch):
     from test_indirect import _nvshmem_usable
     why = _nvshmem_usable()
     if why:
-        pytest.skip(f"NVSHMEM's device API is not usable here ({why}); pip install 'iris[nvshmem]'")
+        pytest.skip(f"NVSHMEM's device API is not usable here ({why}); pip install 'iris-shmem[nvshmem]'")
     monkeypatch.setenv("IRIS_INDIRECT_PEERS", setting)
     monkeypatch.delenv("IRIS_CCL_PUTS", raising=False)
     start = time.monotonic()

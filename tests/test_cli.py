@@ -77,7 +77,7 @@ def test_info_cuda_without_bindings_says_what_to_install():
                        text=True, timeout=120)
     assert p.returncode == 1
     assert "iris CANNOT run here" in p.stdout
-    assert "cuda-bindings" in p.stdout and "pip install 'iris[cuda]'" in p.stdout
+    assert "cuda-bindings" in p.stdout and "pip install 'iris-shmem[cuda]'" in p.stdout
 
 
 @pytest.mark.skipif(shutil.which("iris") is None, reason="the console script is not installed")
@@ -131,7 +131,7 @@ def test_bench_quick_on_host(tmp_path):
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
-        assert "pip install matplotlib" in p.stdout
+        assert "pip install 'iris-shmem[trace]'" in p.stdout
 
 
 FAKE = """import argparse, json, sys
@@ -217,3 +217,46 @@ def test_report_readers_on_gpu_shaped_results(tmp_path):
     if importlib.util.find_spec("matplotlib"):
         assert report.plot_bandwidth(rma, tmp_path / "bw.png") == str(tmp_path / "bw.png")
         assert (tmp_path / "bw.png").stat().st_size > 1000
+
+
+def test_report_names_references_that_could_not_run(tmp_path):
+    """Results of a job whose ranks share one GPU: NCCL and symm_mem skipped with their reasons, iris's
+    rows and the copy engine's reference still in the table."""
+    why = "NCCL needs a GPU per rank; 2 ranks share 1 GPU(s)"
+    rma = {"device": "NVIDIA H200", "dry_run": False, "ranks": 2, "references_skipped": {"NCCL": why},
+           "point_to_point": [{"bytes": 1 << 30, "put_GBps": 600.0, "get_GBps": 610.0, "copy_engine_GBps": 640.0,
+                               "nccl_sendrecv_GBps": None}],
+           "all_pairs": [{"bytes_per_pair": 1 << 20, "iris_GBps": 300.0, "nccl_all_to_all_GBps": None}],
+           "latency": {"device_barrier_eager_us": 5.0}}
+    rows = report.rma_bandwidth(rma)
+    nccl = [r for r in rows if "NCCL" in r["reference"]]
+    assert len(nccl) == 4 and all(r["reference"] == f"- (NCCL skipped: {why})" and r["speedup"] is None
+                                  for r in nccl), rows
+    put_ce = next(r for r in rows if r["measure"] == "put bandwidth, 1 GiB" and r["reference"].startswith("copy"))
+    assert put_ce["speedup"] == pytest.approx(600.0 / 640.0)
+    alloc = {"bytes_per_allocation": 1 << 20, "references_skipped": {"torch symm_mem": "RuntimeError: no"},
+             "rows": [{"allocator": "vmem", "case": "inside mapped", "n": 10, "mean_us": 10.0}]}
+    (row,) = report.alloc_cost(alloc)
+    assert row["reference"] == "- (torch symm_mem skipped: RuntimeError: no)" and row["iris"] == 10.0
+    weights = {"bytes_per_rank": 1 << 30, "ranks": [[
+        {"method": "iris as_symmetric zero copy, one batched call", "ms": 2.0, "extra_bytes": 0},
+        {"method": "iris copy into heap", "ms": 20.0, "extra_bytes": 1 << 30},
+        {"method": "torch symm_mem skipped", "reason": "RuntimeError: no"}]]}
+    rows = report.import_weights(weights)
+    assert rows[1]["reference"] == "- (torch symm_mem skipped: RuntimeError: no)" and rows[0]["speedup"] == 10.0
+    text = report.render({"table": report.rma_bandwidth(rma) + rows, "notes": []})
+    assert "no results to compare" not in text and "NCCL skipped" in text
+
+
+@pytest.mark.gpu
+def test_bench_quick_on_one_gpu_with_two_ranks(tmp_path):
+    """Two ranks on one GPU (CUDA_VISIBLE_DEVICES=0): every benchmark runs, NCCL's references are
+    skipped with the reason in the table, and the copy engine's reference stays."""
+    p = iris_cli("bench", "--quick", "-n", "2", "--out", str(tmp_path), env={"CUDA_VISIBLE_DEVICES": "0"},
+                 timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [b["status"] for b in summary["benchmarks"]] == ["ok"] * 3, summary["benchmarks"]
+    assert "NCCL skipped: NCCL needs a GPU per rank; 2 ranks share 1 GPU(s)" in p.stdout, p.stdout
+    assert any(r["reference"].startswith("copy engine") and r["speedup"] for r in summary["table"]), p.stdout
+    assert "no results to compare" not in p.stdout

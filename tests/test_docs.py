@@ -6,6 +6,7 @@ must print that ```text block (compared with whitespace collapsed), so shown out
 from what iris prints. Blocks are the documentation's promises, so each one
 asserts what it shows; a block that only illustrates belongs in a ```text fence instead.
 """
+import ast
 import functools
 import os
 import re
@@ -81,3 +82,141 @@ def test_block_runs(code, ranks, expect, tmp_path):
     if expect is not None:
         assert " ".join(expect.split()) in " ".join(proc.stdout.split()), \
             f"the page shows\n{expect}\nbut the block printed\n{proc.stdout}"
+
+
+# -- quoted messages and command-line flags match the code -----------------------------------------
+SOURCE = None
+# what a doc writes in place of a value: 'x', <call>, a lone capital (N, R, O), ..., (...), [...], numbers
+PLACEHOLDER = re.compile(r"'[^']*'|<[^>]*>|\b[A-Z]\b|\(\.\.\.\)|\.\.\.|\[[^\]]*\]|0x[0-9a-f.]+|\b\d+(\.\d+)?\b")
+QUOTED_ROW = re.compile(r"^\| `([^`]+)`", re.M)              # a table row that starts with a quoted message
+QUOTED_BULLET = re.compile(r"^\* \*\*`([^`]+)`", re.M)         # a bullet headed by one
+
+
+def _source() -> str:
+    """Every string literal of iris's source, an f-string's fields as NUL, literals apart by NUL:
+    a message spread over several lines reads as the text it prints."""
+    global SOURCE
+    if SOURCE is None:
+        parts = []
+        for path in sorted((ROOT / "iris").rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.JoinedStr):
+                    parts.append("".join(v.value if isinstance(v, ast.Constant) else "\0" for v in node.values))
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    parts.append(node.value)
+        SOURCE = "\0".join(parts)
+    return SOURCE
+
+
+def _printed(piece: str, source: str) -> bool:
+    """Whether iris's literals spell piece, allowing up to three words between them for a value that
+    a literal's field prints (`one of {names}` prints `one of cuda, hip, host`)."""
+    words, at, covered = piece.split(), 0, 0
+    while at < len(words):
+        run = next((n for n in range(len(words) - at, 1, -1) if " ".join(words[at:at + n]) in source), 0)
+        if run:
+            at, covered = at + run, covered + run
+            continue
+        if len(words) - at <= 3:  # a value at the end
+            break
+        gap = next((g for g in range(1, 4) if " ".join(words[at + g:at + g + 2]) in source), 0)
+        if not gap:
+            return False
+        at += gap
+    return covered >= 0.5 * len(words)
+
+
+def quoted_messages():
+    text = (DOCS / "troubleshooting.md").read_text()
+    found = QUOTED_ROW.findall(text) + QUOTED_BULLET.findall(text)
+    return [m for m in found if " " in m and not m.startswith(("cu", "hip", "mmap", "memfd", "open(", "ipc_"))]
+
+
+def test_troubleshooting_quotes_messages_iris_prints():
+    """Every message that troubleshooting.md quotes is in iris's source: each run of four or more
+    words between the values it stands for (N, 'x', <call>, ...) is spelled by iris's literals."""
+    source, stale = _source(), []
+    messages = quoted_messages()
+    assert len(messages) > 40, messages
+    for message in messages:
+        for piece in PLACEHOLDER.split(message):
+            piece = (piece or "").strip(" :;,.()")
+            if len(piece.split()) >= 4 and not _printed(piece, source):
+                stale.append(f"{message!r}: {piece!r}")
+    assert not stale, "quoted in docs/troubleshooting.md but printed by nothing in iris/:\n" + "\n".join(stale)
+
+
+def _as_pattern(doc: str) -> re.Pattern:
+    """The documented message as a pattern: its placeholders match any value, the rest as written."""
+    out, at = "", 0
+    for m in re.finditer(r"'x'|\b[A-Z]\b|\.\.\.", doc):
+        out += re.escape(doc[at:m.start()]) + ("'[^']*'" if m.group() == "'x'" else r"\S+" if m.group() != "..." else ".*")
+        at = m.end()
+    return re.compile(out + re.escape(doc[at:]))
+
+
+def _raised(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the message is what is compared
+        return str(e)
+    raise AssertionError(f"{fn} did not raise")
+
+
+def test_quoted_messages_are_what_iris_raises(monkeypatch):
+    """The quotes with a fixed part that a placeholder could hide (a list of names, a call's name),
+    raised for real and compared whole."""
+    import iris
+    from iris.platform import detect
+    def check(start, fn):
+        doc = next(m for m in quoted_messages() if m.startswith(start))
+        got = _raised(fn)
+        assert _as_pattern(doc).fullmatch(got), f"docs/troubleshooting.md quotes\n{doc}\niris raises\n{got}"
+
+    monkeypatch.setenv("IRIS_PLATFORM", "hots")
+    check("IRIS_PLATFORM=", detect)
+    monkeypatch.setenv("IRIS_PLATFORM", "host")
+    monkeypatch.delenv("IRIS_ALLOCATOR", raising=False)
+    check("unknown allocator ", lambda: iris.iris(heap_size=1 << 20, allocator="x"))
+    ctx = iris.iris(heap_size=1 << 20)
+    try:
+        x = ctx.zeros(16)
+        ctx.free(x)
+        check("free: this tensor was freed already", lambda: ctx.free(x))
+    finally:
+        ctx.close()
+
+
+# a command line in the docs: the script or command, then its options up to the end of the code span
+COMMAND = re.compile(r"(?=(benchmarks/(\w+)\.py|iris (info|bench|trace)\b|python -m iris\.run)([^`\n]*))")
+
+
+def _declared(target: str) -> set:
+    from iris.cli import bench
+    if target.startswith("benchmarks/"):
+        return bench.declared_options(ROOT / target)
+    name = "run" if "iris.run" in target else target.split()[1]
+    return bench.declared_options(ROOT / "iris" / "cli" / f"{name}.py") | {"--help"}
+
+
+def test_flags_in_docs_are_declared():
+    """Every --flag written after a benchmark script or an iris command, in the docs, the README and
+    the benchmarks' docstrings, is one that script or command declares."""
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    wrong, seen = [], 0
+    for page in pages:
+        text = page.read_text()
+        if page.suffix == ".py":
+            text = text.split('"""')[1] if text.count('"""') >= 2 else ""
+        for m in COMMAND.finditer(text):
+            target = m.group(1)
+            if target.startswith("benchmarks/") and not (ROOT / target).exists():
+                wrong.append(f"{page.name}: {target} does not exist")
+                continue
+            tail = m.group(4).split(" benchmarks/")[0].split(" python ")[0]  # this command's options only
+            for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", tail):
+                seen += 1
+                if flag not in _declared(target):
+                    wrong.append(f"{page.name}: {target} {flag}")
+    assert seen > 20, seen
+    assert not wrong, "flags the code does not declare:\n" + "\n".join(sorted(set(wrong)))

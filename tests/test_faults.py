@@ -404,8 +404,9 @@ def test_close_twice_is_fine_and_nothing_is_left(closed):
 
 
 def test_vmem_heap_size_is_rounded_with_a_warning():
-    with pytest.warns(UserWarning, match=r"heap_size=2097153 is not a multiple .* rounded up; the heap holds (\d+)"):
+    with pytest.warns(UserWarning, match=r"heap_size=2097153 is not a multiple .* rounded up; the heap holds (\d+)") as w:
         c = iris.iris(heap_size=(1 << 21) + 1, allocator="vmem")
+    assert [x.filename for x in w] == [__file__], [(x.filename, x.lineno) for x in w]  # the caller's line
     assert c.heap_size == (4 << 20) - c.reserve.nbytes
     c.close()
 
@@ -441,7 +442,7 @@ def test_cuda_platform_without_bindings_says_what_to_install(monkeypatch):
     for name in ("cuda", "cuda.bindings", "cuda.bindings.driver"):  # as if cuda-bindings were not installed
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, "iris.platform.cuda", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'iris\[cuda\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'iris-shmem\[cuda\]'"):
         iris.iris(heap_size=1 << 22, platform="cuda")
 
 
@@ -507,17 +508,15 @@ def debug_runs(ctx):
     return {"1": _split(proc.stdout), "0": _split(buf.getvalue())}
 
 
-@pytest.mark.parametrize("case,printed,raised", [
-    ("valid", None, None),
-    ("rank 5 of 1", "iris debug: a rank outside [0, world): world, from_rank, to_rank =:  [1]", "a rank outside [0, world)"),
-    ("past the heap", "iris debug: a pointer outside the heap: rank, byte offset, heap size =:  [0]",
-     "a pointer outside the caller"),
-    ("copied heap_bases", None, "heap_bases is not ctx.get_heap_bases()"),
-    ("device context", None, None),  # its heap_bases has the hidden entries before it too
-    ("device context, rank 5 of 1", "iris debug: a rank outside [0, world): world, from_rank, to_rank =:  [1]",
-     "a rank outside [0, world)"),
+@pytest.mark.parametrize("case,raised", [
+    ("valid", None),
+    ("rank 5 of 1", "DeviceCheckError: iris debug: a rank outside [0, world): from_rank 0, to_rank 5, world 1"),
+    ("past the heap", "is outside rank 0's heap"),
+    ("copied heap_bases", "heap_bases is not ctx.get_heap_bases()"),
+    ("device context", None),  # its heap_bases has the hidden entries before it too
+    ("device context, rank 5 of 1", "iris debug: a rank outside [0, world): from_rank 0, to_rank 5, world 1"),
 ])
-def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, printed, raised):
+def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, raised):
     out = debug_runs["1"][case]
     if raised is None:
         assert "RAISED" not in out and "WRITTEN True" in out, out
@@ -525,13 +524,9 @@ def test_debug_mode_catches_bad_ranks_and_pointers(debug_runs, case, printed, ra
     assert "RAISED" in out and raised in out and "WRITTEN False" in out, out  # nothing was written
     kernel = "poke_context" if case.startswith("device context") else "poke"
     assert f", in {kernel}\n" in out, out  # the traceback names the kernel
-    if printed:
-        assert printed in out, out
-    if case.endswith("rank 5 of 1"):
-        assert "[5]" in out, out  # the bad rank itself
     if case == "past the heap":
         reserve = iris.heap.reserve.size(1)  # iris's own block comes first, beyond heap_size
-        assert f"[{(1 << 20) * 4 + reserve}]" in out and f"[{(1 << 20) + reserve}]" in out, out  # offset, heap size
+        assert f"byte offset {(1 << 20) * 4 + reserve}, heap size {(1 << 20) + reserve}" in out, out
 
 
 @pytest.mark.parametrize("case", ["valid", "copied heap_bases", "device context"])

@@ -101,7 +101,7 @@ def test_device_functions_over_indirect_peers(setting, world, monkeypatch):
     others: test_device's kernels do not specialise on ranks); each case is bounded by CASE_TIMEOUT."""
     why = _nvshmem_usable()
     if why:
-        pytest.skip(f"NVSHMEM's device API is not usable here ({why}); pip install 'iris[nvshmem]'")
+        pytest.skip(f"NVSHMEM's device API is not usable here ({why}); pip install 'iris-shmem[nvshmem]'")
     monkeypatch.setenv("IRIS_INDIRECT_PEERS", setting)
     per_rank = iris.spawn(_rank, world, args=(CHECKS, setting), timeout=CASE_TIMEOUT)
     failures = [f for r in per_rank for fs in r.values() for f in fs]

@@ -1,6 +1,7 @@
 """The same job launched by iris.run, torchrun and mpiexec."""
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +47,8 @@ def test_iris_run_stops_the_job_when_a_rank_fails(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "iris.run", "-n", "2", str(script)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 3, proc.stderr
-    assert "stopping pid" in proc.stderr
+    assert proc.stderr == (f"iris.run: rank 1 (pid {proc.stderr.split('(pid ')[1].split(')')[0]}) exited with code 3; "
+                           "its stderr was empty\niris.run: stopped rank 0 after rank 1 failed\n"), proc.stderr
 
 
 CHATTY = """import os, sys
@@ -90,3 +92,134 @@ def test_iris_run_relays_whole_lines(tmp_path, prefix):
         assert set(got) == want, (f"std{name}: {len(set(got) - want)} lines not written by any rank (spliced?), "
                                   f"{len(want - set(got))} missing; first stray: {sorted(set(got) - want)[:1]!r:.300}")
 
+
+
+# -- what iris.run says when a job fails -----------------------------------------------------------
+def _job(tmp_path, body, n=2, env=None, timeout=120):
+    script = tmp_path / "job.py"
+    script.write_text(body)
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(HERE), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "iris.run", "-n", str(n), str(script)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_one_mistake_on_every_rank_is_said_once(tmp_path):
+    """The same exception on three ranks: one line naming the ranks, then one traceback, nothing else."""
+    proc = _job(tmp_path, "import iris\nctx = iris.iris(heap_size=-5)\n", n=3)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("iris.run: ranks 0, 1, 2 failed: ValueError: heap_size must be positive, got -5; "
+                               "e.g. heap_size=1 << 30 for 1 GiB (the traceback of rank "), proc.stderr
+    assert lines[1] == "  | Traceback (most recent call last):" and "job.py\", line 2, in <module>" in lines[2], lines
+    assert lines[-1] == "  | ValueError: heap_size must be positive, got -5; e.g. heap_size=1 << 30 for 1 GiB", lines
+    assert proc.stderr.count("Traceback") == 1 and "runpy" not in proc.stderr and len(lines) < 16, proc.stderr
+
+
+def test_a_rank_killed_by_a_signal_is_explained(tmp_path):
+    """SIGSEGV: the launcher names the rank, its Python stack (the script's line) and what usually
+    causes it in iris; the other rank, stopped, is named once."""
+    proc = _job(tmp_path, "import os, signal, time\n"
+                          "def crash():\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+                          "if os.environ['IRIS_RANK'] == '1':\n    crash()\ntime.sleep(60)\n")
+    assert proc.returncode == 128 + 11, proc.stderr
+    first, *rest = proc.stderr.splitlines()
+    assert first.startswith("iris.run: rank 1 (pid ") and "was killed by SIGSEGV (rank 1 in crash (" in first, first
+    assert "job.py:3) <- <module> (" in first and "a rank outside [0, world)" in first, first
+    assert "rerun with IRIS_DEBUG=1" in first and first.endswith("its stderr was empty"), first
+    assert rest == ["iris.run: stopped rank 0 after rank 1 failed"], proc.stderr
+
+
+PUT_TO_WORLD = """import torch, triton, triton.language as tl
+import iris
+
+@triton.jit
+def k(src, dst, me, to, heap_bases):
+    offs = tl.arange(0, 16)
+    iris.put(src + offs, dst + offs, me, to, heap_bases)
+
+ctx = iris.iris(heap_size=1 << 20)
+me, world = ctx.get_rank(), ctx.get_num_ranks()
+src, dst = ctx.full((16,), 1.0), ctx.zeros(16)
+k[(1,)](src, dst, me, world, ctx.get_heap_bases())
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="the host's interpreter raises; a GPU asserts")
+def test_debug_check_is_one_line_per_rank(tmp_path):
+    """IRIS_DEBUG=1 and a put to rank `world`: one line per rank naming the check, the values, iris's
+    function, the kernel and the launching line (not Triton's nested interpreter errors)."""
+    proc = _job(tmp_path, PUT_TO_WORLD, env={"IRIS_DEBUG": "1"})
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, proc.stderr
+    for r in range(2):
+        line = next(x for x in lines if f"rank {r} failed" in x)
+        assert f"rank {r} failed: iris debug: a rank outside [0, world): from_rank {r}, to_rank 2, world 2; in " \
+               f"iris's put, called by kernel k ({tmp_path / 'job.py'}:7), launched at {tmp_path / 'job.py'}:12" \
+               in line, proc.stderr
+
+
+def test_settings_typo_is_one_line_from_the_launcher(tmp_path):
+    proc = _job(tmp_path, "print('started')\n", env={"IRIS_PLATFORM": "hots"})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.count("\n") == 1 and "IRIS_PLATFORM='hots' is not a platform" in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_ends_the_job_with_one_line(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys, time\nprint('up', os.environ['IRIS_RANK'], flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "iris.run", "-n", "2", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert sorted(proc.stdout.readline() for _ in range(2)) == ["up 0\n", "up 1\n"]
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the launcher and every rank
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err == "iris.run: interrupted (Ctrl-C); stopped the job's 2 ranks\n", err
+
+
+STUCK = """import os, sys, time, iris
+ctx = iris.iris(heap_size=1 << 20)
+if ctx.get_rank() == 1:
+    time.sleep(60)
+start = time.monotonic()
+try:
+    ctx.barrier()
+except iris.BootstrapError:
+    print("gave up after %.2f s" % (time.monotonic() - start), flush=True)
+    raise
+"""
+
+
+def test_a_wait_says_who_is_missing_and_keeps_the_timeout(tmp_path):
+    """IRIS_TIMEOUT=6: rank 0 says after 5 s that rank 1 is missing at the barrier, gives up within a
+    second of 6 s, and rank 2 (which arrived) fails with rank 0's verdict, not a clock of its own."""
+    proc = _job(tmp_path, STUCK, n=3, env={"IRIS_TIMEOUT": "6"})
+    assert "iris: rank 0 has waited 5 s at barrier for rank 1; it gives up after 6 s (IRIS_TIMEOUT)" in proc.stderr
+    took = sorted(float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gave up"))
+    assert len(took) == 2 and all(6.0 <= t < 7.0 for t in took), proc.stdout
+    assert proc.stderr.count("ranks [1] did not arrive at barrier within 6.0 s") == 2, proc.stderr
+
+
+def test_a_script_without_a_launcher_says_it_is_one_rank(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("IRIS_") and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and "OMPI" not in k and "PMI" not in k}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(HERE), env.get("PYTHONPATH")]))
+    code = "import iris\na = iris.iris(heap_size=1 << 20)\nb = iris.iris(heap_size=1 << 20)\nprint(a.get_num_ranks())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout == "1\n", proc.stderr
+    assert proc.stderr.count("this process runs as a single rank") == 1, proc.stderr
+
+
+def test_a_rank_waiting_for_a_silent_rank_0_says_so_and_keeps_the_timeout(tmp_path):
+    """IRIS_TIMEOUT=8 and rank 0 stuck before the barrier: rank 1 says after about 6 s that rank 0 has
+    not answered, and gives up within a second of the timeout."""
+    proc = _job(tmp_path, STUCK.replace("get_rank() == 1", "get_rank() == 0"), env={"IRIS_TIMEOUT": "8"})
+    assert "iris: rank 1 has waited 6 s at barrier for rank 0, which has not answered; it gives up after 8 s " \
+           "(IRIS_TIMEOUT)" in proc.stderr, proc.stderr
+    took = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gave up")]
+    assert len(took) == 1 and 8.0 <= took[0] < 9.0, proc.stdout

@@ -64,7 +64,7 @@ def test_missing_nvshmem_names_the_extra():
     except ImportError:
         pass
     from iris.experimental import nvshmem_runtime
-    with pytest.raises(ProviderUnavailable, match=r"pip install 'iris\[nvshmem\]'"):
+    with pytest.raises(ProviderUnavailable, match=r"pip install 'iris-shmem\[nvshmem\]'"):
         nvshmem_runtime.load()
 
 

@@ -208,7 +208,7 @@ def test_tiles_over_indirect_peers(setting, world, monkeypatch):
     from test_indirect import _nvshmem_usable
     why = _nvshmem_usable()
     if why:
-        pytest.skip(f"NVSHMEM's device API is not usable here ({why}); pip install 'iris[nvshmem]'")
+        pytest.skip(f"NVSHMEM's device API is not usable here ({why}); pip install 'iris-shmem[nvshmem]'")
     monkeypatch.setenv("IRIS_INDIRECT_PEERS", setting)
     per_rank = iris.spawn(rank_main, world, args=(True, "nvshmem", True), timeout=600)
     failures = [f for r in per_rank for fs in r.values() for f in fs]

@@ -6,7 +6,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import DriverError, HeapOutOfMemory
+from ..errors import DriverError, HeapOutOfMemory, user_stacklevel
 from .offsets import CachingOffsets, round_up
 from .sorted_ints import SortedInts
 
@@ -47,10 +47,10 @@ class VMemAllocator:
         g = driver.granularity()
         self.chunk = self.granularity = round_up(max(chunk_size, g), g)  # sizes round up to it
         self.size = round_up(heap_size, self.chunk)
-        if (heap_size - reserved) % self.chunk:  # the user's part; stacklevel 3: the caller of who made the heap
+        if (heap_size - reserved) % self.chunk:  # the user's part
             warnings.warn(f"heap_size={heap_size - reserved} is not a multiple of the {self.chunk}-byte chunk of the "
                           f"{self.name} allocator: rounded up; the heap holds {self.size - reserved} bytes",
-                          stacklevel=3)
+                          stacklevel=user_stacklevel())
         self.base = driver.reserve(self.size)
         self.offsets = CachingOffsets(self.size)
         self._policy = self.offsets.allocate

@@ -14,18 +14,19 @@ import sys
 from contextlib import ExitStack
 from importlib import metadata
 
-from .. import settings
-from ..errors import DriverError, SettingError
+from .. import __version__, settings
+from ..errors import DISTRIBUTION, DriverError, SettingError, pip_install
 from .nvml_links import nvml_links
 from ..platform import PLATFORMS, detect, get_driver
 
 # distribution name -> what it is for; versions come from metadata, so nothing is imported for them
 LIBRARIES = {
-    "iris": "this package", "torch": "tensors, required", "triton": "kernels, required", "numpy": "required",
-    "cuda-bindings": "NVIDIA driver calls (iris[cuda])", "hip-python": "AMD driver calls (iris[rocm])",
-    "mpi4py": "launching under mpirun (iris[mpi])", "nvidia-ml-py": "GPU link report (NVML)",
+    DISTRIBUTION: "this package", "torch": "tensors, required", "triton": "kernels, required", "numpy": "required",
+    "cuda-bindings": f"NVIDIA driver calls ({DISTRIBUTION}[cuda])",
+    "hip-python": f"AMD driver calls ({DISTRIBUTION}[rocm])", "mpi4py": f"launching under mpirun ({DISTRIBUTION}[mpi])",
+    "nvidia-ml-py": "GPU link report (NVML)",
 }
-EXTRA = {"cuda": ("cuda-bindings", "pip install 'iris[cuda]'"), "hip": ("hip-python", "pip install 'iris[rocm]'")}
+EXTRA = {"cuda": ("cuda-bindings", pip_install("cuda")), "hip": ("hip-python", pip_install("rocm"))}
 
 
 def _version(dist: str):
@@ -50,7 +51,7 @@ class Report:
     """The facts found, and the problems (iris cannot run) and warnings (it can, with a catch)."""
 
     def __init__(self):
-        self.data = {"iris": _version("iris"), "python": _platform.python_version()}
+        self.data = {"iris": __version__, "python": _platform.python_version()}
         self.problems, self.warnings = [], []
 
     def problem(self, what: str, fix: str) -> None:
@@ -321,7 +322,7 @@ def collect() -> dict:
 # -- output ------------------------------------------------------------------------
 def render(info: dict) -> str:
     """The report as aligned text for a terminal."""
-    lines = [f"iris {info.get('iris') or '(not installed: run from the source tree)'} on Python {info['python']}: "
+    lines = [f"iris {info.get('iris')} on Python {info['python']}: "
              f"{'iris can run here' if info['can_run'] else 'iris CANNOT run here'}"]
 
     def row(key, value):

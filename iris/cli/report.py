@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from ..errors import pip_install
+
 
 def _size(n) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -30,6 +32,12 @@ def row(benchmark: str, measure: str, unit: str, iris: Optional[float], referenc
             "reference_value": ref_value, "speedup": speedup}
 
 
+def _skipped(data: dict, name: str, label: str) -> str:
+    """label, or why the benchmark could not run that reference here (the JSON's references_skipped)."""
+    why = (data.get("references_skipped") or {}).get(name)
+    return f"- ({name} skipped: {why})" if why else label
+
+
 def _host(data: dict) -> bool:
     return bool(data.get("dry_run")) or "host" in str(data.get("device", "")).lower()
 
@@ -45,19 +53,21 @@ def rma_bandwidth(data: dict) -> List[dict]:
             out.append(row("rma_bandwidth", f"{kind} bandwidth, {at}", "GB/s", top.get(f"{kind}_GBps"),
                            "copy engine (torch copy_)", top.get("copy_engine_GBps"), True))
             out.append(row("rma_bandwidth", f"{kind} bandwidth, {at}", "GB/s", top.get(f"{kind}_GBps"),
-                           f"{coll} send/recv", top.get("nccl_sendrecv_GBps"), True))
+                           _skipped(data, "NCCL", f"{coll} send/recv"), top.get("nccl_sendrecv_GBps"), True))
     pairs = data.get("all_pairs") or []
     if pairs:
         top = pairs[-1]
         out.append(row("rma_bandwidth", f"all-pairs put, {_size(top['bytes_per_pair'])} per pair", "GB/s",
-                       top.get("iris_GBps"), f"{coll} all_to_all", top.get("nccl_all_to_all_GBps"), True))
+                       top.get("iris_GBps"), _skipped(data, "NCCL", f"{coll} all_to_all"),
+                       top.get("nccl_all_to_all_GBps"), True))
     lat = data.get("latency") or {}
     if "signal_one_way_us" in lat:
         out.append(row("rma_bandwidth", "signal, one way", "us", lat["signal_one_way_us"], "-", None, False))
     for mode in ("eager", "graph"):
         if lat.get(f"device_barrier_{mode}_us"):
             out.append(row("rma_bandwidth", f"barrier ({mode})", "us", lat[f"device_barrier_{mode}_us"],
-                           f"{coll} all_reduce of one int", lat.get(f"nccl_all_reduce_int_{mode}_us"), False))
+                           _skipped(data, "NCCL", f"{coll} all_reduce of one int"),
+                           lat.get(f"nccl_all_reduce_int_{mode}_us"), False))
     return out
 
 
@@ -70,7 +80,8 @@ def alloc_cost(data: dict) -> List[dict]:
     top = max(r["n"] for r in mine)
     size = _size(data.get("bytes_per_allocation", 0))
     return [row("alloc_cost", f"{size} allocation, {r['allocator']} heap, {r['case']}, N={top}", "us/alloc",
-                r["mean_us"], "torch symm_mem empty+rendezvous" if top in ref else "- (symm_mem needs GPUs)",
+                r["mean_us"], "torch symm_mem empty+rendezvous" if top in ref else
+                _skipped(data, "torch symm_mem", "- (symm_mem needs GPUs)"),
                 ref.get(top), False) for r in mine if r["n"] == top]
 
 
@@ -80,13 +91,15 @@ def import_weights(data: dict) -> List[dict]:
         return []
     by = {r["method"]: r for r in ranks[0]}  # rank 0's view; every rank's is in the JSON
     zero, copy = by.get("iris as_symmetric zero copy, one batched call"), by.get("iris copy into heap")
-    symm = next((r for m, r in by.items() if m.startswith("torch symm_mem")), None)
+    symm = next((r for m, r in by.items() if m.startswith("torch symm_mem") and "ms" in r), None)
+    why = next((r["reason"] for r in by.values() if "reason" in r), None)
+    none = f"- (torch symm_mem skipped: {why})" if why else "- (symm_mem needs GPUs)"
     what = f"{_size(data.get('bytes_per_rank', 0))} of weights made symmetric"
     out = []
     if zero:
         out.append(row("import_weights", what, "ms", zero["ms"], "iris copy into heap", copy and copy["ms"], False))
         out.append(row("import_weights", what, "ms", zero["ms"],
-                       "torch symm_mem + copy" if symm else "- (symm_mem needs GPUs)", symm and symm["ms"], False))
+                       "torch symm_mem + copy" if symm else none, symm and symm["ms"], False))
         ref = symm or copy
         if ref:
             r = row("import_weights", f"extra device memory, {what}", "MiB", zero["extra_bytes"] / (1 << 20),
@@ -162,7 +175,7 @@ def report(records: List[dict], out: Path, run: dict) -> dict:
         if rec["name"] == "rma_bandwidth":
             plot = plot_bandwidth(data, out / "bandwidth.png")
             if plot is None:
-                notes.append("no bandwidth plot: matplotlib is not installed (pip install matplotlib)")
+                notes.append(f"no bandwidth plot: matplotlib is not installed ({pip_install('trace')})")
         for key in ("checked", "put_checked", "get_checked", "iris_checked"):
             wrong = [r for r in _all_rows(data) if r.get(key) is False]
             if wrong:

@@ -3,7 +3,8 @@ output comes back by whole lines, stdout to stdout and stderr to stderr."""
 import argparse
 import sys
 
-from ..distributed.launch import launch
+from ..distributed.launch import check_job_env, launch
+from ..errors import IrisError
 
 
 def main(argv=None) -> int:
@@ -15,6 +16,11 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     if opts.nprocs < 1:
         parser.error(f"-n must be at least 1, got {opts.nprocs}")
+    try:
+        check_job_env()
+    except (ValueError, IrisError) as e:  # a setting no rank could start with: said once, here
+        print(f"python -m iris.run: {e}", file=sys.stderr)
+        return 2
     return launch([opts.script, *opts.args], opts.nprocs, prefix=opts.prefix)
 
 

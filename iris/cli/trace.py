@@ -9,6 +9,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ..errors import pip_install
+
 
 def _load(path: Path) -> list:
     doc = json.loads(path.read_text())
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
     try:
         draw(events, output, f"{opts.trace.name}: {len(events)} events on {len(ranks)} rank(s)")
     except ImportError:
-        print("iris trace: drawing needs matplotlib (pip install matplotlib); the summary above is all",
+        print(f"iris trace: drawing needs matplotlib ({pip_install('trace')}); the summary above is all",
               file=sys.stderr)
         return 1
     print(f"timeline: {output}")

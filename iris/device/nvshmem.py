@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.language import core
 
 from .. import settings
-from ..errors import NvshmemUnavailable
+from ..errors import NvshmemUnavailable, pip_install
 
 _HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvshmem_helpers.ll")
 _STATE_SYMBOL = b"nvshmemi_device_state_d"  # the device state every NVSHMEM call reads; cumodule_init sets it
@@ -61,7 +61,7 @@ def bitcode_path(arch: int | None = None) -> str:
             if os.path.isfile(os.path.join(d, name)):
                 return os.path.join(d, name)
     raise NvshmemUnavailable(f"NVSHMEM's device bitcode ({' or '.join(names)}) is not in {sorted(set(dirs))}: "
-                             "pip install nvidia-nvshmem-cu13 (pip install 'iris[nvshmem]'), or set "
+                             f"pip install nvidia-nvshmem-cu13 ({pip_install('nvshmem')}), or set "
                              "IRIS_NVSHMEM_BITCODE to the file")
 
 
@@ -128,7 +128,7 @@ def enable(arch: int | None = None) -> str:
     try:
         from nvshmem import bindings  # noqa: F401
     except ImportError as e:
-        raise NvshmemUnavailable(f"nvshmem4py is not importable ({e}): pip install 'iris[nvshmem]'") from None
+        raise NvshmemUnavailable(f"nvshmem4py is not importable ({e}): {pip_install('nvshmem')}") from None
     digest = hashlib.sha256()
     for f in (path, _HELPERS):
         with open(f, "rb") as fh:

@@ -8,11 +8,13 @@ signature changes; pass ctx.get_heap_bases() or ctx.get_device_context() itself,
 """
 import os
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .. import settings
+from ..errors import DeviceCheckError
 
 DEBUG: tl.constexpr = tl.constexpr(settings.DEBUG.get())
 _INTERPRETED: tl.constexpr = tl.constexpr(settings.INTERPRET.get())
@@ -54,17 +56,55 @@ def _check(ptr, from_rank, to_rank, heap_bases):
     world = tl.load(heap_bases - 1)
     ranks_ok = (from_rank >= 0) & (from_rank < world) & (to_rank >= 0) & (to_rank < world)
     ranks_ok = tl.min((ranks_ok | tl.full([1], 0, tl.int1)).to(tl.int32), axis=None)
-    if ranks_ok == 0:
-        tl.device_print("iris debug: a rank outside [0, world): world, from_rank, to_rank =", world, from_rank,
-                        to_rank)
-    _fail_unless(ranks_ok != 0, "iris debug: a rank outside [0, world) (printed above)")
+    if _INTERPRETED:  # plain Python here: one error that names the values
+        _REFUSE_RANKS(ranks_ok, world, from_rank, to_rank)
+    else:
+        if ranks_ok == 0:
+            tl.device_print("iris debug: a rank outside [0, world): world, from_rank, to_rank =", world, from_rank,
+                            to_rank)
+        _fail_unless(ranks_ok != 0, "iris debug: a rank outside [0, world) (printed above)")
     offset = ptr.to(tl.int64) - tl.load(heap_bases + from_rank)
     inside = (offset >= 0) & (offset + ELEM <= size)
     first_bad = tl.min(tl.where(inside, 1 << 62, offset) | tl.full([1], 0, tl.int64), axis=None)
-    if first_bad != 1 << 62:
-        tl.device_print("iris debug: a pointer outside the heap: rank, byte offset, heap size =", from_rank,
-                        first_bad, size)
-    _fail_unless(first_bad == 1 << 62, "iris debug: a pointer outside the caller's heap (printed above)")
+    if _INTERPRETED:
+        _REFUSE_POINTER(first_bad, from_rank, size, tl.load(heap_bases + from_rank))
+    else:
+        if first_bad != 1 << 62:
+            tl.device_print("iris debug: a pointer outside the heap: rank, byte offset, heap size =", from_rank,
+                            first_bad, size)
+        _fail_unless(first_bad == 1 << 62, "iris debug: a pointer outside the caller's heap (printed above)")
+
+
+def _values(x) -> list:
+    """An interpreted kernel's scalar or block as Python numbers."""
+    x = getattr(x, "value", x)  # a constexpr
+    return np.asarray(getattr(getattr(x, "handle", None), "data", x)).reshape(-1).tolist()
+
+
+def _shown(x) -> str:
+    v = _values(x)
+    return str(v[0]) if len(set(v)) == 1 else str(v[:8])[:-1] + (", ...]" if len(v) > 8 else "]")
+
+
+def _refuse_ranks(ok, world, from_rank, to_rank) -> None:
+    if not _values(ok)[0]:
+        raise DeviceCheckError(f"iris debug: a rank outside [0, world): from_rank {_shown(from_rank)}, to_rank "
+                               f"{_shown(to_rank)}, world {_shown(world)}")
+
+
+def _refuse_pointer(first_bad, rank, size, base) -> None:
+    offset = _values(first_bad)[0]
+    if offset != 1 << 62:
+        base = _values(base)[0]
+        raise DeviceCheckError(f"iris debug: pointer {hex(base + offset)} is outside rank {_shown(rank)}'s heap "
+                               f"[{hex(base)}, {hex(base + _values(size)[0])}): byte offset {offset}, heap size "
+                               f"{_values(size)[0]}; allocate the tensor on the heap (ctx.zeros, ctx.empty, ...)")
+
+
+# Wrapped in constexpr: Triton's dependency scan refuses a plain function named in a kernel, even
+# in a branch that only the interpreter takes.
+_REFUSE_RANKS: tl.constexpr = tl.constexpr(_refuse_ranks)
+_REFUSE_POINTER: tl.constexpr = tl.constexpr(_refuse_pointer)
 
 
 @triton.jit

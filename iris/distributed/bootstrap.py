@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from .. import settings
 from ..errors import BootstrapError
-from .group import Group, hostname, tcp_listener
+from .group import REPORT_S, Group, hostname, say, tcp_listener
 
 DEFAULT_TIMEOUT = settings.TIMEOUT.default
 # One rendezvous per job, reused by every group formation: a rank that gave up on one formation
@@ -29,6 +29,7 @@ _SOCKET = "rendezvous.sock"
 _published = None  # the rendezvous rank 0 shared over torch.distributed or MPI: path or tcp, secret, hosts
 _listener = None  # rank 0's TCP listener made to learn its port, handed to the first formation
 _private_dir = None
+_alone_said = False  # the single-rank notice, once per process
 
 
 def job_secret() -> str:
@@ -97,19 +98,30 @@ def _group(rank: int, world: int, info: dict, timeout: float) -> Group:
 def _from_torch(timeout):
     global _published
     import torch.distributed as dist
-    rank, world = dist.get_rank(), dist.get_world_size()
     if _published is None:
-        store = dist.distributed_c10d._get_default_store()
-        store.set(f"iris/host/{rank}", hostname())
-        if rank == 0:
-            _store_wait(store, [f"iris/host/{r}" for r in range(world)], timeout, rank, "say which host it is on")
-            info = _new_rendezvous([store.get(f"iris/host/{r}").decode() for r in range(world)])
-            store.set("iris/rendezvous", json.dumps(info))
-        else:
-            _store_wait(store, ["iris/rendezvous"], timeout, rank, "publish the rendezvous")
-            info = json.loads(store.get("iris/rendezvous"))
-        _published = info
-    return _group(rank, world, _published, timeout)
+        _published = _rendezvous_over(dist.distributed_c10d._get_default_store(), dist.get_rank(),
+                                      dist.get_world_size(), timeout)
+    return _group(dist.get_rank(), dist.get_world_size(), _published, timeout)
+
+
+def _rendezvous_over(store, rank: int, world: int, timeout: float) -> dict:
+    """The rendezvous rank 0 makes, shared through a torch.distributed store: every rank says which
+    host it is on first. Collective: all ranks."""
+    store.set(f"iris/host/{rank}", hostname())
+    if rank == 0:
+        _store_wait(store, [f"iris/host/{r}" for r in range(world)], timeout, rank, "say which host it is on")
+        info = _new_rendezvous([store.get(f"iris/host/{r}").decode() for r in range(world)])
+        store.set("iris/rendezvous", json.dumps(info))
+        return info
+    _store_wait(store, ["iris/rendezvous"], timeout, rank, "publish the rendezvous")
+    return json.loads(store.get("iris/rendezvous"))
+
+
+def from_store(store, rank: int, world: int, timeout: float | None = None) -> Group:
+    """The Group of ranks 0..world-1 that meet through a torch.distributed store (the one torch hands a
+    process-group backend while the default group is being made). Collective: all ranks."""
+    timeout = timeout_from_env(timeout)
+    return _group(rank, world, _rendezvous_over(store, rank, world, timeout), timeout)
 
 
 def _store_wait(store, keys, timeout, rank, what) -> None:
@@ -176,4 +188,8 @@ def connect(timeout: float | None = None) -> Group:
         return _from_torch(timeout)
     if _mpi_env():
         return _from_mpi(timeout)
+    global _alone_said
+    if not _alone_said:
+        _alone_said = True
+        say("no launcher found (python -m iris.run, torchrun, mpirun): this process runs as a single rank")
     return Group(0, 1, "", "", timeout)

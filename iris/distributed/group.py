@@ -18,6 +18,7 @@ import secrets
 import select
 import socket
 import struct
+import sys
 import time
 from typing import Any, List, Sequence, Tuple
 
@@ -31,6 +32,13 @@ _FDS_PER_MSG = 250       # under the kernel's SCM_MAX_FD (253)
 _NONCE = 32
 _HELLO = struct.Struct(f"!i{_NONCE}s32s")  # rank, client nonce, HMAC(secret, challenge, rank)
 HANDSHAKE_S = 5.0        # how long one connecting client may take to prove itself
+REPORT_S = 5.0           # a rank that waits for others says so on stderr this often
+
+
+def say(text: str) -> None:
+    """One line of iris's own on stderr."""
+    sys.stderr.write(f"iris: {text}\n")
+    sys.stderr.flush()
 
 
 def hostname() -> str:
@@ -161,7 +169,8 @@ class Group:
 
     # -- forming the group -------------------------------------------------
     def _accept(self, address, secret: str, listener=None) -> None:
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline, report = start + self.timeout, start + REPORT_S
         pending: dict[socket.socket, list] = {}  # client -> [deadline, bytes so far, challenge]
         if listener is None and self.tcp:
             listener = tcp_listener(address)
@@ -185,7 +194,11 @@ class Group:
                     pending.pop(conn).close()  # too slow to prove itself: not one of ours
                 if now >= deadline:
                     break
-                wait = min([deadline - now] + [st[0] - now for st in pending.values()])
+                if now >= report and now + 0.5 < deadline:
+                    report += REPORT_S
+                    self._waiting([r for r in range(1, self.world) if r not in self._peers],
+                                  "joining the job (iris.iris())", now - start)
+                wait = min([deadline - now, report - now] + [st[0] - now for st in pending.values()])
                 for conn in select.select([listener, *pending], [], [], wait)[0]:
                     if conn is listener:
                         self._greet(listener, pending)
@@ -258,7 +271,8 @@ class Group:
         self._peers[rank] = conn
 
     def _connect(self, address, secret: str) -> None:
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline, report = start + self.timeout, start + REPORT_S
         path = address if not self.tcp else f"{address[0]}:{address[1]}"
         while True:
             sock = socket.socket(_family(address), socket.SOCK_STREAM)
@@ -271,9 +285,14 @@ class Group:
                 break
             except (FileNotFoundError, ConnectionError, socket.timeout):
                 sock.close()  # no rendezvous yet, or one that ended before we were heard: try again
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise BootstrapError(f"rank {self.rank}: rank 0 did not arrive within {self.timeout:.1f} s "
                                          f"(no rendezvous at {path}); did rank 0 call iris.iris()?", [0]) from None
+                if now >= report and now + 0.5 < deadline:
+                    report += REPORT_S
+                    say(f"rank {self.rank} has waited {now - start:.0f} s for rank 0 to open the job's rendezvous "
+                        f"({path}); it gives up after {self.timeout:.0f} s (IRIS_TIMEOUT)")
                 time.sleep(0.01)
         nonce = secrets.token_bytes(_NONCE)
         try:
@@ -321,11 +340,17 @@ class Group:
     def _gather(self, objs, all_fds, what: str) -> None:
         """Rank 0: every peer's message of this exchange into objs and all_fds."""
         pending = dict(self._peers)
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline, report = start + self.timeout, start + REPORT_S
         while pending:
-            left = deadline - time.monotonic()
-            ready = select.select(list(pending.values()), [], [], max(0, left))[0] if left > 0 else []
-            if not ready:
+            now = time.monotonic()
+            if now >= report and now + 0.5 < deadline:
+                self._waiting(sorted(pending), what, now - start)
+            if now >= report:
+                report += REPORT_S
+            left = deadline - now
+            ready = select.select(list(pending.values()), [], [], min(left, report - now))[0] if left > 0 else []
+            if not ready and left <= 0:
                 self._fail(f"ranks {sorted(pending)} did not arrive at {what} within {self.timeout:.1f} s", sorted(pending))
             for r in [r for r, s in pending.items() if s in ready]:
                 try:
@@ -339,6 +364,21 @@ class Group:
                     self._fail(f"rank {r} is at {tag} while rank 0 is at {what}: the ranks' collective calls "
                                "diverged (same calls, same order, same sizes on every rank)", [r], SymmetryError)
                 del pending[r]
+
+    def _waiting(self, missing: list, what: str, waited: float) -> None:
+        """Rank 0, still waiting: say which ranks are missing, and tell those that arrived that rank 0
+        is alive (they wait on for its verdict rather than give up on their own clock)."""
+        hosts = getattr(self, "hosts", None)
+        where = "" if not hosts or len(set(hosts)) == 1 else " (" + ", ".join(f"{r} on {hosts[r]}" for r in missing) + ")"
+        say(f"rank 0 has waited {waited:.0f} s at {what} for {'rank' if len(missing) == 1 else 'ranks'} "
+            f"{_ranks(missing)}{where}; it gives up after {self.timeout:.0f} s (IRIS_TIMEOUT)")
+        for r, conn in list(self._peers.items()):
+            if r not in missing:
+                try:
+                    conn.settimeout(1.0)
+                    send_msg(conn, ("waiting", (what, missing)))
+                except OSError:
+                    pass
 
     def allgather(self, obj: Any, what: str = "allgather") -> list:
         """Every rank's object, in rank order. Collective: all ranks, same order."""
@@ -373,9 +413,10 @@ class Group:
             raise BootstrapError(f"rank {self.rank}: cannot {what}: this rank's group is closed", [])
 
     def _raise(self, message: str, missing, kind) -> None:
+        # from None: the socket error that revealed a departure is named in message; its chain is noise
         if kind is SymmetryError:
-            raise SymmetryError(f"rank {self.rank}: {message}")
-        raise BootstrapError(f"rank {self.rank}: {message}", missing)
+            raise SymmetryError(f"rank {self.rank}: {message}") from None
+        raise BootstrapError(f"rank {self.rank}: {message}", missing) from None
 
     def _split(self, objs, counts, own):
         received, at, out = self._received, 0, []
@@ -397,12 +438,32 @@ class Group:
             self._fail(f"rank {to} left the job during {what} ({e})", [to])
 
     def _answer(self, what: str, wait: float | None = None):
-        # Rank 0 gives up on missing ranks after the timeout and says which they were; waiting a
-        # little longer than that lets its verdict, not this rank's own clock, name them.
-        wait = self.timeout * 1.1 + 2.0 if wait is None else wait
+        # Rank 0 gives up on missing ranks after the timeout and says which they were; while it waits
+        # it says so every REPORT_S, and this rank waits on for its verdict. A rank 0 that is silent
+        # (it has not arrived, or hangs) is named every REPORT_S and given up on after this rank's own
+        # timeout. A message is read only once it has begun to arrive, so no wait cuts one in half.
+        wait = self.timeout + 0.5 if wait is None else wait
+        start = time.monotonic()
+        deadline, report = start + wait, start + REPORT_S + 1.0  # after rank 0's own first report
         try:
-            self._root.settimeout(wait)
-            (tag, payload), self._received = recv_msg(self._root)
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise socket.timeout
+                if not select.select([self._root], [], [], min(deadline, report) - now)[0]:
+                    now = time.monotonic()
+                    if now >= report:
+                        report += REPORT_S
+                        if now + 0.5 < deadline:
+                            say(f"rank {self.rank} has waited {now - start:.0f} s at {what} for rank 0, which has "
+                                f"not answered; it gives up after {self.timeout:.0f} s (IRIS_TIMEOUT)")
+                    continue
+                self._root.settimeout(max(0.01, deadline - time.monotonic()))
+                (tag, payload), self._received = recv_msg(self._root)
+                if tag != "waiting":
+                    break
+                now = time.monotonic()  # rank 0 is alive and speaks for the job
+                deadline, report = max(deadline, now + REPORT_S + 1.0), now + REPORT_S + 1.0
         except socket.timeout:
             self._lost(f"no answer from rank 0 at {what} within {wait:.1f} s; rank 0 or a rank it waits for "
                        "did not arrive", [0])
@@ -417,7 +478,9 @@ class Group:
         """The error rank 0 sent before it closed our connection, if it sent one."""
         try:
             self._root.settimeout(1.0)
-            (tag, payload), _ = recv_msg(self._root)
+            tag = "waiting"
+            while tag == "waiting":
+                (tag, payload), _ = recv_msg(self._root)
         except (OSError, EOFError, pickle.UnpicklingError, ValueError):
             return None
         if tag != "error":

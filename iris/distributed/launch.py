@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import multiprocessing as mp
 from multiprocessing import reduction
 import pickle
@@ -10,6 +11,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,9 +25,24 @@ from ..errors import BootstrapError
 from .bootstrap import job_secret
 
 
-def job_env(rank: int, world: int, socket_dir: str, secret: str) -> dict:
+def torch_port() -> str:
+    """The port torch.distributed's env:// rendezvous uses in a job of this launcher: MASTER_PORT where
+    the caller set one, else a free one of this host."""
+    if os.environ.get("MASTER_PORT"):
+        return os.environ["MASTER_PORT"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def job_env(rank: int, world: int, socket_dir: str, secret: str, port: str = "") -> dict:
+    """A rank's environment: iris's own variables, and torch.distributed's env:// ones (one host), so
+    `dist.init_process_group(...)` needs no arguments under this launcher as under torchrun."""
     env = {settings.RANK.name: str(rank), settings.WORLD_SIZE.name: str(world), settings.LOCAL_RANK.name: str(rank),
            settings.SOCKET_DIR.name: socket_dir, settings.JOB_SECRET.name: secret}
+    if port:
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR=os.environ.get("MASTER_ADDR") or "127.0.0.1", MASTER_PORT=port)
     from ..platform import detect
     if detect() == "host" and not settings.INTERPRET.is_set():  # the interpreter, unless the caller says otherwise
         env[settings.INTERPRET.name] = "1"
@@ -93,51 +110,183 @@ class Relay:
         pipe.close()
 
 
+RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_script.py")
+# Signals that a rank of an iris program takes, most often, from a device function that reached
+# memory outside the heap (SIGABRT: the C library finding its own memory overwritten).
+_MEMORY_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT}
+CRASH_HINT = ("in iris that is most often a device function reaching outside the heap: a rank outside "
+              "[0, world) (to_rank == world?) or a pointer into a tensor that is not on the heap (torch.zeros "
+              "where ctx.zeros was meant); rerun with IRIS_DEBUG=1, which checks every device function's ranks "
+              "and pointers")
+
+
+def _ranks_text(ranks) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  | " + line for line in text.rstrip("\n").splitlines())
+
+
+def _records(socket_dir: str, world: int) -> dict:
+    """rank -> the error record rank_script.py wrote for its uncaught exception."""
+    out = {}
+    for r in range(world):
+        try:
+            with open(os.path.join(socket_dir, f"rank{r}.error.json")) as f:
+                out[r] = json.load(f)
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _crash_stack(path: str) -> str:
+    """The frames outside libraries from a rank's fault handler dump, innermost last."""
+    try:
+        with open(path) as f:
+            dump = f.read()
+    except OSError:
+        return ""
+    frames = []
+    for line in dump.splitlines():
+        line = line.strip()
+        if line.startswith("File ") and "site-packages" not in line and "<frozen" not in line \
+                and RANK_SCRIPT not in line:
+            name, _, where = line[len("File "):].partition(", line ")
+            number, _, fn = where.partition(" in ")
+            frames.append(f"{fn} ({name.strip(chr(34))}:{number})")
+        elif line.startswith("Current thread") and frames:
+            break  # the crashing thread's stack comes first; other threads follow
+    return " <- ".join(frames)
+
+
+def failure_report(first: int, codes: list, records: dict, tails: list, stopped: set, crashes: dict = None,
+                   pids: list = None) -> List[str]:
+    """What the launcher says about a failed job: each distinct error once with the ranks it
+    happened on and one traceback, ranks killed by one signal in one line (with what usually causes
+    a memory signal in iris), and the ranks it stopped. first: the rank that failed first; codes:
+    every rank's returncode; records: rank -> its uncaught exception (rank_script.py); tails: each
+    rank's last lines of stderr; crashes: rank -> its Python stack when a signal killed it."""
+    crashes = crashes or {}
+    lines: List[str] = []
+    groups: dict = {}
+    timed = sorted((r for r in records if r != first), key=lambda r: records[r]["time"])
+    for r in [first] + timed + [r for r in range(len(codes)) if r != first and r not in records]:
+        if r in records:
+            groups.setdefault(("error", records[r]["summary"]), []).append(r)
+        elif codes[r] and r not in stopped:
+            groups.setdefault(("code", codes[r]), []).append(r)
+    for n, ((kind, key), ranks) in enumerate(groups.items()):
+        then = "then " if n else ""
+        if kind == "error":
+            rec = records[ranks[0]]
+            line = f"iris.run: {then}{_ranks_text(sorted(ranks))} failed: {key}"
+            if rec["traceback"] and not (n and rec["type"] == "BootstrapError"):
+                line += ("" if len(ranks) == 1 else f" (the traceback of rank {ranks[0]})") + \
+                    f"\n{_indent(rec['traceback'])}"
+        else:
+            how = how_it_ended(key)
+            who = _ranks_text(sorted(ranks)) + (f" (pid {pids[ranks[0]]})" if pids and len(ranks) == 1 else "")
+            line = f"iris.run: {then}{who} {how if len(ranks) == 1 else how.replace('was ', 'were ')}"
+            if key < 0 and -key in _MEMORY_SIGNALS:
+                stack = crashes.get(ranks[0])
+                line += f" (rank {ranks[0]} in {stack})" if stack else ""
+                line += f"; {CRASH_HINT}"
+            tail = list(tails[ranks[0]])
+            if not n:
+                line += ("; the last lines of its stderr:\n" + _indent("\n".join(tail))) if tail else \
+                    "; its stderr was empty"
+        lines.append(line)
+    if stopped:
+        lines.append(f"iris.run: stopped {_ranks_text(sorted(stopped))} after rank {first} failed")
+    return lines
+
+
+def _first_failure(seen: int, codes: list, records: dict, stopped: set) -> int:
+    """The rank whose failure started it: a rank that raised something other than BootstrapError
+    (which says that another rank left), earliest first; else the first rank seen to fail. A rank
+    the launcher stopped is none of them."""
+    causes = [r for r, c in enumerate(codes) if c and r not in stopped
+              and not (r in records and records[r]["type"] == "BootstrapError")]
+    timed = [r for r in causes if r in records]
+    if seen in causes or not causes:
+        return seen
+    return min(timed, key=lambda r: records[r]["time"]) if timed else causes[0]
+
+
+def check_job_env() -> None:
+    """Raise (ValueError or an IrisError) for a job setting no rank could start with, such as an
+    IRIS_PLATFORM that is not a platform: said once by the launcher, not by every rank."""
+    from ..platform import detect
+    detect()
+
+
 def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int = 20, prefix: bool = False) -> int:
     """Run `python argv...` as nprocs ranks, relaying their output by whole lines (prefix: tag each
-    line `[rankN]:`); if one fails, stop the rest and say which rank ended, how, and its last lines
-    of stderr. Returns the job's exit code (128 + signal for a killed rank)."""
+    line `[rankN]:`); if one fails, stop the rest and say which rank ended, how, and why: each
+    distinct uncaught exception once with the ranks it happened on, or a killed rank's last lines of
+    stderr. Ctrl-C stops every rank with one line. Returns the job's exit code (128 + signal for a
+    killed rank, 130 after Ctrl-C)."""
     nprocs = _check_nprocs(nprocs)
-    socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
+    check_job_env()
+    socket_dir, secret, port = tempfile.mkdtemp(prefix="iris-job-"), job_secret(), torch_port()
     procs, tails, pumps = [], [collections.deque(maxlen=tail_lines) for _ in range(nprocs)], []
     relay = Relay(prefix)
+    wrapped = argv and not str(argv[0]).startswith("-")  # a script, not -m/-c
     try:
-        for r in range(nprocs):
-            env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret))
-            env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the relay as they are printed
-            procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE))
-            for pipe, name, tail in ((procs[-1].stdout, "stdout", None), (procs[-1].stderr, "stderr", tails[r])):
-                pumps.append(threading.Thread(target=relay.pump, args=(r, pipe, name, tail), daemon=True))
-                pumps[-1].start()
-        failed = None
-        while any(p.poll() is None for p in procs):
-            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is not None:
-                deadline = time.monotonic() + grace
-                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                    time.sleep(0.05)
-                for p in procs:
-                    if p.poll() is None:
-                        relay.say(f"iris.run: stopping pid {p.pid} after a rank failed")
-                        p.send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.05)
-        for p in procs:
-            p.wait()
+        try:
+            for r in range(nprocs):
+                env = dict(os.environ, **job_env(r, nprocs, socket_dir, secret, port))
+                env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the relay as they are printed
+                wrapper = [RANK_SCRIPT, os.path.join(socket_dir, f"rank{r}")] if wrapped else []
+                procs.append(subprocess.Popen([sys.executable, *wrapper, *argv], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE))
+                for pipe, name, tail in ((procs[-1].stdout, "stdout", None),
+                                         (procs[-1].stderr, "stderr", tails[r])):
+                    pumps.append(threading.Thread(target=relay.pump, args=(r, pipe, name, tail), daemon=True))
+                    pumps[-1].start()
+            failed, stopped = None, set()
+            while any(p.poll() is None for p in procs):
+                failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+                if failed is not None:
+                    deadline = time.monotonic() + grace
+                    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                        time.sleep(0.05)
+                    for r, p in enumerate(procs):
+                        if p.poll() is None:
+                            stopped.add(r)
+                            p.send_signal(signal.SIGTERM)
+                    break
+                time.sleep(0.05)
+            for p in procs:
+                p.wait()
+        except KeyboardInterrupt:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while the ranks stop
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            relay.say(f"iris.run: interrupted (Ctrl-C); stopped the job's {nprocs} ranks")
+            return 130
         for t in pumps:
             t.join(timeout=5)
         if failed is None:
             failed = next((r for r, p in enumerate(procs) if p.returncode), None)
         if failed is None:
             return 0
+        records = _records(socket_dir, nprocs)
+        stopped = {r for r in stopped if procs[r].returncode == -signal.SIGTERM}
+        failed = _first_failure(failed, [p.returncode for p in procs], records, stopped)
         code = procs[failed].returncode
-        lines = "\n".join("  | " + line for line in tails[failed]) or "  (nothing)"
-        relay.say(f"iris.run: rank {failed} (pid {procs[failed].pid}) {how_it_ended(code)}; the last lines of its "
-                  f"stderr:\n{lines}")
-        others = [f"rank {r} {how_it_ended(p.returncode)}" for r, p in enumerate(procs) if r != failed and p.returncode]
-        if others:
-            relay.say("iris.run: then " + ", ".join(others))
+        crashes = {r: _crash_stack(os.path.join(socket_dir, f"rank{r}.crash")) for r in range(nprocs)}
+        for line in failure_report(failed, [p.returncode for p in procs], records,
+                                   [list(t) for t in tails], stopped, crashes, [p.pid for p in procs]):
+            relay.say(line)
         return 128 - code if code < 0 else code
     finally:
         for p in procs:
@@ -169,13 +318,13 @@ def _is_open(fd: int) -> bool:
         return False
 
 
-def _child(payload, env, streams, rank, world, socket_dir, secret, results):
+def _child(payload, env, streams, rank, world, socket_dir, secret, results, port=""):
     """One rank: the caller's environment and stdout/stderr, then fn(*args), unpickled only now so
     that every module it imports sees that environment, as in a fresh process."""
     gc.freeze()  # what the fork server imported lives as long as the rank: collections need not walk it
     os.environ.clear()
     os.environ.update(env)
-    os.environ.update(job_env(rank, world, socket_dir, secret))
+    os.environ.update(job_env(rank, world, socket_dir, secret, port))
     for fd, inherited in streams.items():
         os.dup2(inherited, fd)
         os.close(inherited)
@@ -207,13 +356,13 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -
                         "in args") from None
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch"])  # read when the server starts: once per calling process
-    socket_dir, secret = tempfile.mkdtemp(prefix="iris-job-"), job_secret()
+    socket_dir, secret, port = tempfile.mkdtemp(prefix="iris-job-"), job_secret(), torch_port()
     results = ctx.Queue()
     sys.stdout.flush()
     sys.stderr.flush()
     streams = {fd: _Inherited(fd) for fd in (1, 2) if _is_open(fd)}
     procs = [ctx.Process(target=_child, args=(payload, dict(os.environ), streams, r, nprocs, socket_dir, secret,
-                                              results), daemon=True)
+                                              results, port), daemon=True)
              for r in range(nprocs)]
     out, errors = {}, []
     try:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .. import settings
+from ..errors import pip_install
 from ..settings import PLATFORMS
 from .driver import Driver, IpcHandle
 
@@ -62,7 +63,7 @@ def get_driver(name: str | None = None) -> Driver:
     except ImportError as e:
         extra, package = {"cuda": ("cuda", "cuda-bindings"), "hip": ("rocm", "hip-python")}[name]
         raise ImportError(f"the {name} platform needs {package}, which cannot be imported ({e}): "
-                          f"pip install 'iris[{extra}]' (or unset IRIS_PLATFORM)") from e
+                          f"{pip_install(extra)} (or unset IRIS_PLATFORM)") from e
     from .host import HostDriver
     return HostDriver()
 

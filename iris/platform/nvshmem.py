@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
-from ..errors import DriverError, HeapOutOfMemory, ProviderUnavailable
+from ..errors import DriverError, HeapOutOfMemory, ProviderUnavailable, pip_install
 
-EXTRA = "pip install 'iris[nvshmem]'"
+EXTRA = pip_install("nvshmem")
 _UP = ("STATUS_IS_INITIALIZED", "STATUS_LIMITED_MPG", "STATUS_FULL_MPG")
 
 
