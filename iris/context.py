@@ -383,7 +383,7 @@ class Iris:
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
             if not isinstance(self.heap, ClosedHeap):
                 self.heap.as_symmetric.clear()
-            self.__dict__.pop("reserve", None)  # the context's tensors must not hold it
+            self.reserve = ClosedHeap("reserve")  # the context's tensors must not hold it; ccl and ops read it
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
                 if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises
                     cache.forget()

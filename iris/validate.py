@@ -75,10 +75,14 @@ def heap_tensor(t, call: str) -> torch.Tensor:
 
 
 class ClosedHeap:
-    """Stands in for the heap of a closed context: any use says so (close itself stays a no-op)."""
+    """Stands in for the heap (or, named what, another part such as the reserve) of a closed context:
+    any use says so (close itself stays a no-op)."""
+
+    def __init__(self, what: str = "heap"):
+        self.what = what
 
     def __getattr__(self, name):
-        raise ContextClosed(f"context is closed (tried heap.{name}); create a new one with iris.iris()")
+        raise ContextClosed(f"context is closed (tried {self.what}.{name}); create a new one with iris.iris()")
 
     def close(self) -> None:
         pass

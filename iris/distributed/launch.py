@@ -334,7 +334,9 @@ def _child(payload, env, streams, rank, world, socket_dir, secret, results, port
         pickle.dumps(value)  # fails here, with a traceback, rather than silently in the queue's thread
         results.put((rank, True, value))
     except BaseException as e:  # report every failure to the parent, then exit non-zero
-        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        message = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        print(f"iris.spawn: rank {rank} failed: {message}", file=sys.stderr, flush=True)  # seen at once
+        results.put((rank, False, message))
         raise SystemExit(1)
 
 
