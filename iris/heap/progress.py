@@ -129,15 +129,18 @@ class StreamProgress:
         last_stream, last = self._waited
         if stream == last_stream and epoch <= last:
             return
+        capturing = torch.cuda.is_current_stream_capturing()
         try:
             for _, address in self.peers:
                 self.driver.stream_wait(stream, address, epoch)
         except DriverError as e:
-            if torch.cuda.is_current_stream_capturing():
+            if capturing:
                 raise CaptureError(f"reusing a heap block inside CUDA graph capture needs a stream wait on the peers' "
                                    f"progress, which this driver cannot capture ({e}). Call ctx.barrier() before "
                                    "capturing: blocks freed before it are reused with no wait.") from e
             raise
+        if capturing:  # the wait runs at each replay: nothing is outstanding now, nor is eager work ordered by it
+            return
         self._waited = (stream, epoch)
         self._awaited = (epoch, offset, nbytes)
         if self._watchdog is None:
@@ -149,6 +152,7 @@ class StreamProgress:
         broken ordering rule: record it, say so, and let the stream go on (writing the awaited value
         into this process's view of the late counters), so the rank raises instead of hanging."""
         torch.cuda.set_device(self.device)
+        self.driver.relax_capture()  # its reads must not break a graph another thread is capturing
         side = torch.cuda.Stream(self.device)
         from .views import device_tensor_at
         counters = [(p, device_tensor_at(a, (1,), torch.int64, self.device)) for p, a in self.peers]

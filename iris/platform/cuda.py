@@ -209,3 +209,9 @@ class CudaDriver:
     def stream_wait(self, stream: int, address: int, value: int) -> None:
         """Hold the stream's later work until the 8 bytes at address (local or a peer's mapping) are >= value."""
         _check("cuStreamWaitValue64", cu.cuStreamWaitValue64(stream, address, value, _GEQ))
+
+    def relax_capture(self) -> None:
+        """Let the calling thread use the driver while another thread captures a CUDA graph in global
+        mode (torch's default); its own work stays uncaptured, on streams of its own."""
+        _check("cuThreadExchangeStreamCaptureMode",
+               cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))

@@ -55,3 +55,4 @@ class Driver(Protocol):
     # stream-ordered 64-bit words (the heap's progress counters); stream is a raw stream handle
     def stream_write(self, stream: int, address: int, value: int) -> None: ...
     def stream_wait(self, stream: int, address: int, value: int) -> None: ...  # until *address >= value
+    def relax_capture(self) -> None: ...  # this thread may call the driver while another captures a graph

@@ -181,3 +181,8 @@ class HipDriver:
     def stream_wait(self, stream: int, address: int, value: int) -> None:
         """Hold the stream's later work until the 8 bytes at address (local or a peer's mapping) are >= value."""
         _check("hipStreamWaitValue64", hip.hipStreamWaitValue64(stream, address, value, _GTE, _ALL_BITS))
+
+    def relax_capture(self) -> None:
+        """Let the calling thread use the runtime while another thread captures a graph in global mode."""
+        _check("hipThreadExchangeStreamCaptureMode",
+               hip.hipThreadExchangeStreamCaptureMode(hip.hipStreamCaptureMode.hipStreamCaptureModeRelaxed))

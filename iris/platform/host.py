@@ -175,3 +175,6 @@ class HostDriver:
                 if deadline is not None and now > deadline:
                     raise DriverError("stream_wait", "ETIMEDOUT", f"the word at {address:#x} is {word.value}, "
                                       f"below {value}, after {timeout} s")
+
+    def relax_capture(self) -> None:
+        """Nothing to relax: the host captures no graphs."""
