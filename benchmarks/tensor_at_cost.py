@@ -1,5 +1,6 @@
 """What making a heap tensor costs: ways to put a torch tensor over an address, against
-torch.empty + del, and ctx.empty + ctx.free on both allocators, all in one process and one run.
+torch.empty + del, iris's view with ctx.free's detach (the least the pair does), and ctx.empty +
+ctx.free on both allocators, all in one process and one run.
 
     python benchmarks/tensor_at_cost.py [--reps 20000] [--rounds 7]
 
@@ -22,6 +23,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import write_result  # noqa: E402
 
 import iris  # noqa: E402
+from iris.heap.lifetime import detach  # noqa: E402
 from iris.heap.views import device_tensor_at, host_tensor_at  # noqa: E402
 
 NBYTES = 16 << 10
@@ -100,6 +102,13 @@ def main():
     cases = {"torch.empty + del": lambda: torch.empty(NBYTES, dtype=torch.uint8, device=device)}
     for name, make in makers.items():
         cases[name] = lambda make=make: make(ptr, device, owner)
+    iris_view, dead = (as_tensor_at if cuda else host_at), torch.empty(0, dtype=torch.uint8, device=device)
+
+    def view_detached():  # the least a ctx.empty + ctx.free pair does: iris's view, then ctx.free's detach
+        t = iris_view(ptr, device, _Owner())
+        detach(t, dead)
+        return t
+    cases["iris's view + detach (the pair's floor)"] = view_detached
     ctxs = {a: iris.iris(heap_size=1 << 26, allocator=a) for a in ("torch", "vmem")}
     for a, ctx in ctxs.items():
         ctx.free(ctx.empty(NBYTES, dtype=torch.uint8))  # back the block the timed calls use

@@ -22,7 +22,7 @@ from .heap import reserve as _reserve
 from .heap.reserve import Reserve
 from .heap.lifetime import FreedTensor, detach
 from .platform import get_driver
-from .validate import ClosedHeap, heap_tensor
+from .validate import ClosedHeap, heap_tensor, plain_request
 
 _STRIDED, _CONTIGUOUS, _PRESERVE = torch.strided, torch.contiguous_format, torch.preserve_format  # torch's defaults
 
@@ -210,12 +210,8 @@ class Iris:
         freeing a block that other tensors view raises naming them. Tensors that are simply dropped
         are freed at the next collective point instead (see collect)."""
         heap = self.heap
-        if type(t) is torch.Tensor and not self._debug:  # the usual call: the factory's tensor itself, not a copied import
-            block = heap.block_at(t.data_ptr())  # addresses are unique in a process: no device check
-            if block is not None and block.nbytes == t.nbytes != 0 and not heap.as_symmetric.imported_at(block.offset):
-                heap.free_block(block)
-                detach(t)
-                return
+        if type(t) is torch.Tensor and not self._debug and heap.free_tensor(t):  # the usual call
+            return
         if isinstance(t, FreedTensor):
             raise ValueError("free: this tensor was freed already (by ctx.free); it reaches no memory now")
         block, offset = heap.block_of(heap_tensor(t, "free"))
@@ -249,6 +245,11 @@ class Iris:
     # -- factories (iris/heap/factories.py): torch's signatures; collective: all ranks, same order, same sizes
     def empty(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False,
               pin_memory=False, memory_format=_CONTIGUOUS) -> torch.Tensor:
+        if (out is None and device is None and layout is _STRIDED and memory_format is _CONTIGUOUS
+                and not requires_grad and not pin_memory):  # the usual call, checked in full: one block, one view
+            plain = plain_request(size, dtype)
+            if plain is not None:
+                return self.heap.new_tensor(*plain)
         return self.heap.factories.empty(*size, out=out, dtype=dtype, layout=layout, device=device, requires_grad=
                                          requires_grad, pin_memory=pin_memory, memory_format=memory_format)
 

@@ -37,13 +37,14 @@ class FreedTensor(torch.Tensor):
 _DEAD = {}  # (dtype, device) -> an empty tensor whose storage a freed tensor takes over
 
 
-def detach(t: torch.Tensor) -> None:
-    """Make t reach no memory: its storage becomes an empty one (so the block's owner can go) and every
-    later use raises."""
-    key = (t.dtype, t.device)
-    dead = _DEAD.get(key)
+def detach(t: torch.Tensor, dead: torch.Tensor | None = None) -> None:
+    """Make t reach no memory: its storage becomes an empty one (dead: one of t's dtype and device,
+    if the caller has it) so the block's owner can go, and every later use raises."""
     if dead is None:
-        dead = _DEAD[key] = torch.empty(0, dtype=t.dtype, device=t.device)
+        key = (t.dtype, t.device)
+        dead = _DEAD.get(key)
+        if dead is None:
+            dead = _DEAD[key] = torch.empty(0, dtype=t.dtype, device=t.device)
     try:
         t.data = dead
         t.__class__ = FreedTensor
@@ -79,7 +80,8 @@ class Owner:
 
     def __init__(self, heap, block: Block):
         self.heap, self.block = heap, block
-        heap.owner_added(block)
+        block.tensors += 1  # heap.owner_added(block), inline: one per allocation
+        heap._alive += 1
 
     def __del__(self):
         try:
@@ -105,6 +107,7 @@ class Lifetimes:
         self._events: list = []               # (point, event recorded there on the current stream), oldest first
         self._fence: Dict[int, int] = {}      # offset of a freed block in the pool -> its free's epoch, until passed
         self.progress = None                  # the progress counters (use_counters)
+        self._dead: Dict[torch.dtype, torch.Tensor] = {}  # dtype -> an empty tensor freed tensors are detached to
 
     def use_counters(self, counters: torch.Tensor) -> None:
         """Reuse in stream order from now on: counters is a zeroed heap tensor of at least 8 bytes at
@@ -203,11 +206,27 @@ class Lifetimes:
             self._pinned[block.serial] = block
         else:
             self._queued.pop(block.serial, None)
-        self._fence[offset] = epoch
+        if epoch > self.progress.done:  # alone, every free is passed at once: its reuse needs no wait
+            self._fence[offset] = epoch
         self._release(offset)
         self._record(~offset)  # the symmetry digest's record of free(offset)
         self._frees += 1
         return block.nbytes
+
+    def free_tensor(self, t: torch.Tensor) -> bool:
+        """ctx.free's usual call in one step: t (a plain torch.Tensor) is the whole live block it
+        starts, made by allocate and not a copied import. Frees the block, detaches t and returns True;
+        False, with nothing done, where the caller must look closer. Collective: all ranks, same order."""
+        block = self._at.get(t.data_ptr() - self._base)  # addresses are unique in a process: no device check
+        if block is None or block.nbytes != t.nbytes or not block.nbytes or self.as_symmetric.imported_at(block.offset):
+            return False
+        self.free_block(block)
+        dtype = t.dtype
+        dead = self._dead.get(dtype)
+        if dead is None:
+            dead = self._dead[dtype] = torch.empty(0, dtype=dtype, device=self.device)
+        detach(t, dead)
+        return True
 
     def _reused(self, offset: int, nbytes: int) -> None:
         """The pool handed out offset: the current stream waits for the peers' work before its free."""

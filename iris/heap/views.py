@@ -59,6 +59,16 @@ def device_tensor_at(ptr: int, shape, dtype: torch.dtype, device: torch.device, 
     return carried_tensor_at(ptr, shape, dtype, device, _CudaArray(owner))
 
 
+_ARRAYS = {}  # nbytes -> ctypes.c_uint8 * nbytes: the type is looked up once per size, not built per tensor
+
+
+def _bytes_type(nbytes: int):
+    if len(_ARRAYS) >= 4096:  # sizes a program uses are few; a sweep over many must not grow this forever
+        _ARRAYS.clear()
+    t = _ARRAYS[nbytes] = ctypes.c_uint8 * nbytes
+    return t
+
+
 def host_tensor_at(ptr: int, shape, dtype: torch.dtype, device=None, owner=None, nbytes=None) -> torch.Tensor:
     """tensor_at for host memory, through frombuffer."""
     if nbytes is None:
@@ -67,7 +77,7 @@ def host_tensor_at(ptr: int, shape, dtype: torch.dtype, device=None, owner=None,
         buf = (ctypes.c_uint8 * 1).from_address(ptr)
         buf.owner = owner
         return torch.frombuffer(buf, dtype=torch.uint8)[:0].view(dtype).view(shape)
-    buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
+    buf = (_ARRAYS.get(nbytes) or _bytes_type(nbytes)).from_address(ptr)
     buf.owner = owner
     t = torch.frombuffer(buf, dtype=dtype)
     return t if len(shape) == 1 else t.view(shape)
