@@ -110,6 +110,17 @@ def _like(buf, t):
     return buf[:t.nbytes].view(t.dtype).view(t.shape)
 
 
+def _flat(t):
+    """t as one dimension (t itself when it is already: a view costs a microsecond)."""
+    return t if t.dim() == 1 else t.view(-1)
+
+
+def _words(t):
+    """t's bytes as int32 words, one dimension, for a copy (ctx.ccl moves int32 and float32 words alike)."""
+    t = _flat(t)
+    return t if t.dtype == torch.int32 or t.dtype == torch.float32 else t.view(torch.int32)
+
+
 def _cls(nbytes: int) -> int:
     return max(_MIN_CLASS, 1 << (max(nbytes, 1) - 1).bit_length())
 
@@ -197,9 +208,10 @@ class IrisGroup(dist.ProcessGroup):
         return w
 
     def _direct(self, t) -> bool:
-        """Whether ctx.ccl can take t as it is: contiguous, on this rank's heap."""
+        """Whether ctx.ccl can take t as it is: contiguous, on this rank's heap (memory of this rank's
+        device: the address range says so without building t.device)."""
         p = t.data_ptr()
-        return t.is_contiguous() and self._lo <= p and p + t.nbytes <= self._hi and t.device == self._device
+        return self._lo <= p and p + t.nbytes <= self._hi and t.is_contiguous()
 
     def _each(self, call, outputs, inputs, opts):
         """A coalesced form: call(output, input, opts) per pair, in order."""
@@ -244,8 +256,16 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- all_reduce --------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        self._flush()
+        if self._queued:
+            self._flush()
         op = self._op("all_reduce", opts.reduceOp)
+        if op == "sum" and len(tensors) == 1 and self._w > 1:  # the common call, checks inlined
+            t = tensors[0]
+            p = t.data_ptr()
+            if (t.dtype in _CCL_DTYPES and self._lo <= p and p + t.nbytes <= self._hi and t.is_contiguous()
+                    and t.numel()):
+                self.ctx.ccl.all_reduce(t, t, op=ReduceOp.SUM, group=self._ccl_group)
+                return self._work(tensors)
         for t in tensors:
             self._all_reduce(t, op)
         return self._work(tensors)
@@ -255,7 +275,8 @@ class IrisGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def _all_reduce(self, t, op, call="all_reduce"):
-        self._check_op(call, op, t)
+        if op != "sum":
+            self._check_op(call, op, t)
         if t.numel() == 0 or self._w == 1:
             return
         if not self._on_ccl(op, t):
@@ -300,15 +321,15 @@ class IrisGroup(dist.ProcessGroup):
         return self._work(output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
-        self._flush()
-        w = self._w
-        if output.numel() != w * input.numel() or output.dtype != input.dtype:
-            raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {input.numel()} elements of "
+        if self._queued:
+            self._flush()
+        w, n = self._w, input.numel()
+        if output.numel() != w * n or output.dtype != input.dtype:
+            raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {n} elements of "
                                                     f"{input.dtype}; got {output.numel()} of {output.dtype}")
-        if input.numel() and self._direct(output) and self._direct(input) and input.nbytes % 4 == 0:
-            self.ctx.ccl.all_gather(output.view(-1).view(torch.int32), input.view(-1).view(torch.int32),
-                                    group=self._ccl_group)
-        elif input.numel():
+        if n and input.nbytes % 4 == 0 and self._direct(output) and self._direct(input):
+            self.ctx.ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
+        elif n:
             rows = self._gathered_bytes(input, "all_gather_into_tensor")
             output.view(w, -1).copy_(rows[:, :input.nbytes].view(input.dtype).view(w, -1))
         return self._work([output])
@@ -333,10 +354,12 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- reduce_scatter ----------------------------------------------------
     def reduce_scatter_single(self, output, input, opts=None):
-        self._flush()
+        if self._queued:
+            self._flush()
         call, w = "reduce_scatter_tensor", self._w
         op = self._op(call, opts.reduceOp)
-        self._check_op(call, op, output)
+        if op != "sum":
+            self._check_op(call, op, output)
         n = output.numel()
         if input.numel() != w * n or output.dtype != input.dtype:
             raise _refuse(call, f"input must hold {w} x output's {n} elements of {output.dtype}; got "
@@ -350,7 +373,7 @@ class IrisGroup(dist.ProcessGroup):
             self._reduced_by_gather(whole, "sum" if op == "avg" else op, call)
             output.copy_(whole.view(w, -1)[self._r].view(output.shape))
         elif self._direct(output) and self._direct(input):
-            self.ctx.ccl.reduce_scatter(output.view(-1), input.view(-1), op=_ON_CCL[op], group=self._ccl_group)
+            self.ctx.ccl.reduce_scatter(_flat(output), _flat(input), op=_ON_CCL[op], group=self._ccl_group)
         else:
             c = _cls(output.nbytes)
             s_in, s_out = self._stage(call, w * c, c)
