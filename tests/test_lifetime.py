@@ -519,7 +519,7 @@ def rank_gpu_after_close(allocator):
     x.mul_(3.0)
     torch.cuda.synchronize()
     got = (float(x.sum()), float(pv[7]))
-    held = (heap.alloc.committed, heap.heap_bases is not None, len(heap._peer_va))
+    held = (heap.alloc.committed, heap.heap_bases is not None, len(heap.peer_maps.va))
     del x, pv
     gc.collect()
     torch.cuda.synchronize()
