@@ -278,9 +278,10 @@ def main(argv=None) -> int:
     sizes = [4 * KiB, 16 * KiB] if args.quick else [s for s in (4 * KiB << 2 * k for k in range(9)) if s <= args.max_bytes]
     top, w_env = max(sizes), int(os.environ.get("WORLD_SIZE", "1"))
     staging = (2 * w_env + 2) * top
-    # one size's heap tensors live at a time (freed before the next); room for two for the allocator's
-    # free blocks to be out of step, then the staging area and the mailbox
-    heap = 2 * 2 * (w_env + 1) * top + staging + 64 * MiB
+    # one size's heap tensors live at a time (freed before the next), but ctx.ccl keeps each shape's plan
+    # and its workspace for the context's life: room for the sizes' workspaces (a geometric series below
+    # 2x the largest), the staging area and the mailbox
+    heap = 8 * (w_env + 1) * top + staging + 256 * MiB
     dist.init_process_group("iris", pg_options=Options(heap_size=heap, staging_bytes=staging))
     ctx = context()
     rank, w, dev = dist.get_rank(), dist.get_world_size(), ctx.get_device()
