@@ -335,7 +335,6 @@ def _child(payload, env, streams, rank, world, socket_dir, secret, results, port
         results.put((rank, True, value))
     except BaseException as e:  # report every failure to the parent, then exit non-zero
         message = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        print(f"iris.spawn: rank {rank} failed: {message}", file=sys.stderr, flush=True)  # seen at once
         results.put((rank, False, message))
         raise SystemExit(1)
 
@@ -373,6 +372,11 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -
             try:
                 rank, ok, value = results.get(timeout=0.2)
                 (out.__setitem__(rank, value) if ok else errors.append((rank, value)))
+                running = [r for r in range(nprocs) if r not in out and all(r != e[0] for e in errors)]
+                if not ok and running:  # the others may wait on this rank (a flag on the device): say why now
+                    print(f"iris.spawn: rank {rank} failed ({value.splitlines()[0]}); waiting up to "
+                          f"{max(0.0, deadline - time.monotonic()):.0f} s for {_ranks_text(running)}",
+                          file=sys.stderr, flush=True)
                 continue
             except queue.Empty:
                 pass
