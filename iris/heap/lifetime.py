@@ -18,6 +18,7 @@ tensor goes; after close the mappings stay until the last tensor goes.
 from __future__ import annotations
 
 from typing import Dict, List
+from weakref import ref
 
 import torch
 
@@ -108,6 +109,9 @@ class Lifetimes:
         self._fence: Dict[int, int] = {}      # offset of a freed block in the pool -> its free's epoch, until passed
         self.progress = None                  # the progress counters (use_counters)
         self._dead: Dict[torch.dtype, torch.Tensor] = {}  # dtype -> an empty tensor freed tensors are detached to
+        self._kept: Dict[int, tuple] = {}     # offset of a block ctx.free gave back -> (block, tensor, shape, dtype)
+        self._scopes: List[list] = []         # per open scope, weak references to the tensors handed out in it
+        self._track = None                    # the innermost scope's list.append, or None outside scopes
 
     def use_counters(self, counters: torch.Tensor) -> None:
         """Reuse in stream order from now on: counters is a zeroed heap tensor of at least 8 bytes at
@@ -206,6 +210,8 @@ class Lifetimes:
             self._pinned[block.serial] = block
         else:
             self._queued.pop(block.serial, None)
+        if self._kept:
+            self._kept.pop(offset, None)  # an older block's tensor there must not serve this one's reuse
         if epoch > self.progress.done:  # alone, every free is passed at once: its reuse needs no wait
             self._fence[offset] = epoch
         self._release(offset)
@@ -216,17 +222,55 @@ class Lifetimes:
     def free_tensor(self, t: torch.Tensor) -> bool:
         """ctx.free's usual call in one step: t (a plain torch.Tensor) is the whole live block it
         starts, made by allocate and not a copied import. Frees the block, detaches t and returns True;
-        False, with nothing done, where the caller must look closer. Collective: all ranks, same order."""
-        block = self._at.get(t.data_ptr() - self._base)  # addresses are unique in a process: no device check
-        if block is None or block.nbytes != t.nbytes or not block.nbytes or self.as_symmetric.imported_at(block.offset):
+        False, with nothing done, where the caller must look closer. Collective: all ranks, same order.
+
+        Where t's storage is the block's only one and t is contiguous, a new tensor over that storage
+        (t.detach(), before t is detached) is kept with the block: the next request of t's shape and
+        dtype that the pool hands this block to gets it, with the block's Owner, instead of a new view
+        (benchmarks/alloc_cost.py --reuse). Only this rank's tensors change: offsets do not."""
+        offset = t.data_ptr() - self._base  # addresses are unique in a process: no device check
+        block = self._at.get(offset)
+        nbytes = t.nbytes
+        if block is None or block.nbytes != nbytes or not nbytes or offset in self._copied_imports:
             return False
-        self.free_block(block)
+        epoch = self.progress.passed()  # first: during capture it raises, with nothing changed
+        del self._at[offset]
+        block.freed = True
         dtype = t.dtype
         dead = self._dead.get(dtype)
         if dead is None:
             dead = self._dead[dtype] = torch.empty(0, dtype=dtype, device=self.device)
-        detach(t, dead)
+        kept = t.detach() if block.tensors == 1 and t.is_contiguous() else None
+        shape = t.shape
+        try:
+            t.data = dead
+            t.__class__ = FreedTensor
+        except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
+            kept = None
+        if kept is not None:
+            self._kept[offset] = (block, kept, shape, dtype)
+        else:
+            if block.tensors:  # freed while referenced
+                self._pinned[block.serial] = block
+            if self._kept:
+                self._kept.pop(offset, None)
+        if epoch > self.progress.done:  # alone, every free is passed at once: its reuse needs no wait
+            self._fence[offset] = epoch
+        self._release(offset)
+        self._record(~offset)  # the symmetry digest's record of free(offset)
+        self._frees += 1
         return True
+
+    def _drop_kept(self) -> None:
+        """Let go of the tensors kept with freed blocks (before the pool's free blocks are looked at
+        as a whole: a miss, trim, close). A block whose tensor the user still views stays pinned."""
+        if self._kept:
+            kept, self._kept = self._kept, {}
+            blocks = [entry[0] for entry in kept.values()]
+            kept.clear()  # their owners go here, unless the user still holds views of the tensors
+            for block in blocks:
+                if block.tensors and block.freed:
+                    self._pinned[block.serial] = block
 
     def _reused(self, offset: int, nbytes: int) -> None:
         """The pool handed out offset: the current stream waits for the peers' work before its free."""
@@ -259,6 +303,36 @@ class Lifetimes:
                 break
             out.append(block.offset)
         return out[::-1]
+
+    def open_scope(self):
+        """Start a scope (ctx.scope): returns its mark for close_scope. From now on, until it closes,
+        the tensors new_tensor hands out are remembered weakly."""
+        held = []
+        self._scopes.append(held)
+        self._track = held.append
+        return self.next_serial(), held
+
+    def close_scope(self, mark) -> None:
+        """Free every block allocated since the scope opened that is still live, in allocation order.
+        A tensor handed out for one that is still alive is detached as ctx.free detaches (any use
+        raises); views made of it still reach the block, as after ctx.free. Collective: all ranks."""
+        serial, held = mark
+        scopes = self._scopes
+        for i in range(len(scopes) - 1, -1, -1):  # the innermost, unless scopes closed out of order
+            if scopes[i] is held:
+                del scopes[i]
+                break
+        self._track = scopes[-1].append if scopes else None
+        handed = {}
+        for r in held:
+            t = r()
+            if t is not None and type(t) is torch.Tensor:
+                handed[t.data_ptr() - self._base] = t
+        held.clear()
+        for offset in self.offsets_since(serial):
+            t = handed.get(offset)
+            if t is None or not self.free_tensor(t):  # no tensor left, or one free_tensor leaves (an import)
+                self.free(offset)
 
     def pinned_ranges(self):
         """(offset, nbytes) of freed blocks that a tensor still covers: trim leaves them mapped."""
