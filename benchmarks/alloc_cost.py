@@ -24,7 +24,8 @@ and the bytes mapped (the heap's high-water), growths and host collectives per i
 group's own count), and the medians of the allocation's cost and of
 torch.empty + del of the same size, timed in alternating batches in the same run (tp_step: the
 empty + free of each step, timed alone). No ctx.collect() anywhere: a freed block must come back
-by itself. Writes alloc_cost_reuse-<host|gpu>-<N>ranks.json.
+by itself. First, control rows (see controls()): the torch work the pair cannot skip and, with
+peers, the progress counters alone. Writes alloc_cost_reuse-<host|gpu>-<N>ranks.json.
 """
 import argparse
 import functools
@@ -276,8 +277,62 @@ def reuse_loop(ctx, loop, nbytes, reps, tp_steps, batch=25):
             "ratio_to_torch": statistics.median(ours) / statistics.median(ref)}
 
 
+def controls(ctx, reps, batch=25):
+    """Rows that say what part of the pair's cost is not bookkeeping, timed like the loops, against
+    torch.empty + del in alternating batches: "floor: tensor ops" is the torch work the usual pair
+    does and cannot skip (ctx.free's t.detach() that the next ctx.empty hands out, and the swap that
+    detaches t; with peers, plus nothing else); "floor: counters" (peers only) is the progress
+    counters' part alone, a free's counter write and a reuse's wait for the peers, with no
+    allocation: on GPUs two driver calls, on the host the ranks' lockstep (a reuse waits until every
+    peer has passed its matching free, which on the host means its program got there)."""
+    from iris.heap.lifetime import FreedTensor
+    dev = ctx.get_device()
+    n = 4096 // 4
+    base = torch.empty(n, dtype=torch.float32, device=dev)
+    dead = torch.empty(0, dtype=torch.float32, device=dev)
+
+    def tensor_ops():
+        t = base.detach()
+        kept = t.detach()
+        t.data = dead
+        t.__class__ = FreedTensor
+        return kept
+
+    def reference():
+        t = torch.empty(n, dtype=torch.float32, device=dev)
+        del t
+
+    cases = {"floor: tensor ops": tensor_ops}
+    progress = ctx.heap.progress
+    if progress is not None and progress.peers:
+        def counters():
+            if progress.epoch > progress.done:
+                progress.wait(progress.epoch, 0, 0)
+            progress.passed()
+        cases["floor: counters"] = counters
+    rows = []
+    ctx.barrier()
+    for name, fn in cases.items():
+        ours, ref = [], []
+        for _ in range(3):
+            ours += _batched(fn, reps, batch)
+            ref += _batched(reference, reps, batch)
+        ctx.barrier()
+        rows.append({"allocator": "-", "loop": name, "bytes": 4096, "iterations": 3 * max(1, reps // batch) * batch,
+                     "iris_median_us": 1e6 * statistics.median(ours),
+                     "torch_empty_del_median_us": 1e6 * statistics.median(ref),
+                     "ratio_to_torch": statistics.median(ours) / statistics.median(ref)})
+        if ctx.get_rank() == 0:
+            r = rows[-1]
+            print(f"{name:>20} iris={r['iris_median_us']:.2f}us torch={r['torch_empty_del_median_us']:.2f}us "
+                  f"ratio={r['ratio_to_torch']:.2f}", flush=True)
+    return rows
+
+
 def reuse(args):
     rows = []
+    with iris.iris(heap_size=256 << 20, allocator=args.allocators.split(",")[0]) as ctx:
+        rows += controls(ctx, args.reps)
     for allocator in args.allocators.split(","):
         for nbytes in args.sizes:
             heap = max(256 << 20, 4 * nbytes)
