@@ -281,7 +281,8 @@ def controls(ctx, reps, batch=25):
     """Rows that say what part of the pair's cost is not bookkeeping, timed like the loops, against
     torch.empty + del in alternating batches: "floor: tensor ops" is the torch work the usual pair
     does and cannot skip (ctx.free's t.detach() that the next ctx.empty hands out, and the swap that
-    detaches t; with peers, plus nothing else); "floor: counters" (peers only) is the progress
+    detaches t); "floor: view + owner" is what a tensor dropped before its free costs instead (the
+    scope loop's: a new view over the block, carrying the Owner that queues it); "floor: counters" (peers only) is the progress
     counters' part alone, a free's counter write and a reuse's wait for the peers, with no
     allocation: on GPUs two driver calls, on the host the ranks' lockstep (a reuse waits until every
     peer has passed its matching free, which on the host means its program got there)."""
@@ -302,7 +303,15 @@ def controls(ctx, reps, batch=25):
         t = torch.empty(n, dtype=torch.float32, device=dev)
         del t
 
-    cases = {"floor: tensor ops": tensor_ops}
+    from iris.heap.lifetime import Block, Owner
+    heap = ctx.heap
+    gone = Block(0, 4096, -1)
+    gone.freed = True  # its owners' end is counted like a freed block's: no garbage queued
+
+    def view_owner():  # what a tensor dropped before its free costs: a view and its Owner, made and gone
+        heap._view(heap._base, (n,), torch.float32, dev, Owner(heap, gone), 4096)
+
+    cases = {"floor: tensor ops": tensor_ops, "floor: view + owner": view_owner}
     progress = ctx.heap.progress
     if progress is not None and progress.peers:
         def counters():

@@ -318,10 +318,13 @@ class Lifetimes:
         raises); views made of it still reach the block, as after ctx.free. Collective: all ranks."""
         serial, held = mark
         scopes = self._scopes
-        for i in range(len(scopes) - 1, -1, -1):  # the innermost, unless scopes closed out of order
-            if scopes[i] is held:
-                del scopes[i]
-                break
+        if scopes and scopes[-1] is held:
+            scopes.pop()
+        else:  # scopes closed out of order
+            for i in range(len(scopes) - 1, -1, -1):
+                if scopes[i] is held:
+                    del scopes[i]
+                    break
         self._track = scopes[-1].append if scopes else None
         handed = {}
         for r in held:
@@ -330,7 +333,7 @@ class Lifetimes:
                 handed[t.data_ptr() - self._base] = t
         held.clear()
         for offset in self.offsets_since(serial):
-            t = handed.get(offset)
+            t = handed.get(offset) if handed else None
             if t is None or not self.free_tensor(t):  # no tensor left, or one free_tensor leaves (an import)
                 self.free(offset)
 

@@ -110,15 +110,14 @@ class StreamProgress:
         self._awaited = None    # (epoch, offset, nbytes) of the newest wait, for the watchdog
         self.failed: Optional[ReuseTimeout] = None
         self._raw_stream = torch._C._cuda_getCurrentRawStream
+        self._capturing = torch._C._cuda_isCurrentStreamCapturing  # torch.cuda.is_current_stream_capturing's call
+        self._write, self._wait = driver.stream_write, driver.stream_wait
         self._index = device.index
         self._watchdog = None
         self._stop = threading.Event()
 
-    def _stream(self) -> int:
-        return self._raw_stream(self._index)
-
     def passed(self) -> int:
-        if torch.cuda.is_current_stream_capturing():  # a captured write would set the counter back on each replay
+        if self._capturing():  # a captured write would set the counter back on each replay
             raise CaptureError("ctx.free (or a scope's exit) during CUDA graph capture: the graph uses the tensor's "
                                "memory on every replay, so it must stay allocated while the graph lives. Free it after "
                                "capture ends (and after the last replay), or allocate it before capture.")
@@ -126,7 +125,7 @@ class StreamProgress:
         if not self.peers:  # alone: the stream itself orders this rank's work
             self.done = epoch
             return epoch
-        self.driver.stream_write(self._stream(), self.own, epoch)
+        self._write(self._raw_stream(self._index), self.own, epoch)
         return epoch
 
     def synced(self) -> None:
@@ -141,14 +140,14 @@ class StreamProgress:
     def wait(self, epoch: int, offset: int, nbytes: int) -> None:
         if self.failed is not None:
             self.raise_failed()
-        stream = self._stream()
+        stream = self._raw_stream(self._index)
         last_stream, last = self._waited
         if stream == last_stream and epoch <= last:
             return
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing = self._capturing()
         try:
             for _, address in self.peers:
-                self.driver.stream_wait(stream, address, epoch)
+                self._wait(stream, address, epoch)
         except DriverError as e:
             if capturing:
                 raise CaptureError(f"reusing a heap block inside CUDA graph capture needs a stream wait on the peers' "
