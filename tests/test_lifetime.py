@@ -811,3 +811,31 @@ def test_scope_exit_detaches_the_tensors_it_frees(allocator):
         again = ctx.empty(1000)
         assert ctx.heap.offset_of(again) in ctx.heap.offsets_since(0)
         assert dropped - ctx.heap.bases[ctx.get_rank()] not in ctx.heap.offsets_since(0)
+
+
+def rank_gpu_indirect_reuse_after_a_barrier():
+    ctx = iris.iris(heap_size=1 << 26, allocator="nvshmem")
+    x = ctx.full((1 << 18,), 1.0)
+    first = ctx.heap.offset_of(x)
+    ctx.free(x)
+    y = ctx.full((1 << 18,), 2.0)  # an indirect peer may still write x's block: not handed out yet
+    second = ctx.heap.offset_of(y)
+    ctx.free(y)
+    ctx.barrier()  # every rank's device work done: both blocks come back
+    z = ctx.full((1 << 18,), 3.0)
+    third = ctx.heap.offset_of(z)
+    ok = bool((z == 3.0).all())
+    ctx.barrier()
+    ctx.close()
+    return first, second, third, ok
+
+
+@pytest.mark.gpu
+def test_gpu_indirect_peers_get_freed_blocks_back_at_a_barrier(monkeypatch):
+    _skip_without("nvshmem")
+    monkeypatch.setenv("IRIS_INDIRECT_PEERS", "all")  # NVSHMEM reaches every peer: no counter of theirs is readable
+    out = iris.spawn(rank_gpu_indirect_reuse_after_a_barrier, 2)
+    for first, second, third, ok in out:
+        assert second != first, "a block freed with indirect peers was handed out before any barrier"
+        assert third == min(first, second) and ok, (first, second, third, ok)
+        assert (first, second, third) == out[0][:3], out

@@ -110,6 +110,7 @@ class Lifetimes:
         self.progress = None                  # the progress counters (use_counters)
         self._dead: Dict[torch.dtype, torch.Tensor] = {}  # dtype -> an empty tensor freed tensors are detached to
         self._kept: Dict[int, tuple] = {}     # offset of a block ctx.free gave back -> (block, tensor, shape, dtype)
+        self._parked = None                   # with indirect peers: offsets freed since the last synced point
         self._scopes: List[list] = []         # per open scope, weak references to the tensors handed out in it
         self._track = None                    # the innermost scope's list.append, or None outside scopes
 
@@ -119,6 +120,8 @@ class Lifetimes:
         from .progress import make_progress
         self.progress = make_progress(self.driver, self.bases, counters.data_ptr() - self._base, self.rank,
                                       self.device)
+        if not all(self.bases):  # indirect peers: their progress is not readable here (see _parked)
+            self._parked = []
 
     def owner_added(self, block: Block) -> None:
         """A tensor storage over block was made (Owner)."""
@@ -187,6 +190,10 @@ class Lifetimes:
         if (synced or not self._capturable) and self.progress is not None:
             self.progress.synced()
             self._fence.clear()
+            if self._parked:  # every rank, indirect peers included, finished its work before the point
+                for offset in self._parked:
+                    self._release(offset)
+                self._parked.clear()
         if self._freed:  # queued before this point on every rank: the event recorded here covers them
             self._waiting.setdefault(self._points, []).extend(self._freed)
             self._freed = []
@@ -202,21 +209,13 @@ class Lifetimes:
         it back to the pool now; the allocation that takes it again waits, in stream order, for every
         rank's work queued before this free (epoch: the free's, if already passed). Returns its size.
         Collective: all ranks, same order."""
-        epoch = epoch or self.progress.passed()  # first: during capture it raises, with nothing changed
-        offset = block.offset
-        del self._at[offset]
-        block.freed = True
+        self._give_back(block, epoch or self.progress.passed())  # first: during capture it raises, nothing changed
         if block.tensors:  # freed while referenced (queued blocks have none)
             self._pinned[block.serial] = block
         else:
             self._queued.pop(block.serial, None)
         if self._kept:
-            self._kept.pop(offset, None)  # an older block's tensor there must not serve this one's reuse
-        if epoch > self.progress.done:  # alone, every free is passed at once: its reuse needs no wait
-            self._fence[offset] = epoch
-        self._release(offset)
-        self._record(~offset)  # the symmetry digest's record of free(offset)
-        self._frees += 1
+            self._kept.pop(block.offset, None)  # an older block's tensor there must not serve this one's reuse
         return block.nbytes
 
     def free_tensor(self, t: torch.Tensor) -> bool:
@@ -233,9 +232,7 @@ class Lifetimes:
         nbytes = t.nbytes
         if block is None or block.nbytes != nbytes or not nbytes or offset in self._copied_imports:
             return False
-        epoch = self.progress.passed()  # first: during capture it raises, with nothing changed
-        del self._at[offset]
-        block.freed = True
+        self._give_back(block, self.progress.passed())  # first: during capture it raises, nothing changed
         dtype = t.dtype
         dead = self._dead.get(dtype)
         if dead is None:
@@ -254,12 +251,22 @@ class Lifetimes:
                 self._pinned[block.serial] = block
             if self._kept:
                 self._kept.pop(offset, None)
+        return True
+
+    def _give_back(self, block: Block, epoch: int) -> None:
+        """The part of every free of a block made by allocate: out of the live blocks, back to the pool
+        (or parked until a synced point, with indirect peers), and into the symmetry digest."""
+        offset = block.offset
+        del self._at[offset]
+        block.freed = True
         if epoch > self.progress.done:  # alone, every free is passed at once: its reuse needs no wait
             self._fence[offset] = epoch
-        self._release(offset)
+        if self._parked is None:
+            self._release(offset)
+        else:
+            self._parked.append(offset)
         self._record(~offset)  # the symmetry digest's record of free(offset)
         self._frees += 1
-        return True
 
     def _drop_kept(self) -> None:
         """Let go of the tensors kept with freed blocks (before the pool's free blocks are looked at
