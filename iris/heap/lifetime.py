@@ -8,7 +8,10 @@ A freed block (by ctx.free, scope() or that agreement) goes back to the pool at 
 request of its size takes it, at the same offset on every rank. That allocation is made safe in
 stream order, not by a collective: each free passes an epoch that every rank writes to its
 progress counter after the work it queued before the free, and reusing a block freed at epoch n
-makes the current stream wait for every peer's counter to reach n (progress.py). Imported memory
+makes the current stream wait for every peer's counter to reach n (progress.py); with indirect
+peers (NVSHMEM only), whose counters cannot be read here, a freed block waits instead for the next
+point where every rank synced its device. ctx.free keeps a tensor over the freed block, carrying
+its Owner, for the next request of that shape and dtype (free_tensor). Imported memory
 (as_symmetric) is unmapped, not reused: a freed import's region is queued like garbage once its
 last tensor goes (negative serials, in the order the regions were freed), and unmapped only when
 the point it was agreed at has completed on every rank (an event per point).

@@ -39,9 +39,6 @@ def _violation(offset: int, nbytes: int, epoch: int, late, rank: int, timeout: f
         offset, late)
 
 
-SPIN = 1  # one look at the peers' counters before the driver's yielding wait (a busy poll only delays a peer that shares the core)
-
-
 class HostProgress:
     """The host driver's counters: stores and waits happen now, in program order. The counters are
     host memory of every rank's heap, mapped here: they are read and written in place."""
@@ -71,15 +68,12 @@ class HostProgress:
 
     def wait(self, epoch: int, offset: int, nbytes: int) -> None:
         """Before the block at offset (freed at epoch) is used again: every peer has passed epoch."""
-        words, spin = self._words, SPIN
-        while spin:  # a peer running on another core is a few microseconds away: poll before yielding
-            for word in words:
-                if word.value < epoch:
-                    break
-            else:
-                self.done = epoch
-                return
-            spin -= 1
+        for word in self._words:  # one look first; the driver's wait yields the core, which a peer may share
+            if word.value < epoch:
+                break
+        else:  # the usual case in a loop whose ranks keep pace
+            self.done = epoch
+            return
         deadline, late = time.monotonic() + self.timeout, []
         for p, address in self.peers:
             try:
