@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import init_torch_distributed, write_result  # noqa: E402
+from common import batched as _batched, init_torch_distributed, write_result  # noqa: E402
 
 import iris  # noqa: E402
 from iris.allocators import ALLOCATORS  # noqa: E402
@@ -198,17 +198,6 @@ def _print_sweep(rows):
         print(f"{r['allocator']:>9} {r['live_blocks']:>7} {r['holes']:>6} {r['segments']:>8} {r['iris_median_us']:8.2f} "
               f"{r['torch_empty_del_median_us']:8.2f} {r['ratio_to_torch']:6.2f} {r['collect_median_us']:10.2f} "
               f"{r['ratio_with_collect_per_batch']:13.2f}")
-
-
-def _batched(fn, reps, batch):
-    """Per-call seconds of fn, one median over batches of `batch` calls."""
-    clock, out = time.perf_counter, []
-    for _ in range(max(1, reps // batch)):
-        t0 = clock()
-        for _ in range(batch):
-            fn()
-        out.append((clock() - t0) / batch)
-    return out
 
 
 def reuse_loop(ctx, loop, nbytes, reps, tp_steps, batch=25):

@@ -14,22 +14,11 @@ import argparse
 import ctypes
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import write_result  # noqa: E402
-
-
-def _batches(fn, reps, batch=25):
-    out, clock = [], time.perf_counter
-    for _ in range(max(1, reps // batch)):
-        t0 = clock()
-        for _ in range(batch):
-            fn()
-        out.append((clock() - t0) / batch)
-    return out
+from common import batched, write_result  # noqa: E402
 
 
 def _ways(dev):
@@ -98,7 +87,7 @@ def main():
         for name, fn in runnable.items():
             fn()
             torch.cuda.synchronize(dev)
-            times[name].append(statistics.median(_batches(fn, args.reps)))
+            times[name].append(statistics.median(batched(fn, args.reps)))
             torch.cuda.synchronize(dev)
     ref = min(times["torch.empty + del"])
     rows = [{"call": k, "median_us": 1e6 * min(v), "ratio_to_torch_empty_del": min(v) / ref} for k, v in times.items()]

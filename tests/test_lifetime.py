@@ -144,12 +144,17 @@ def test_explicit_free_and_scope_mix_with_gc():
         assert state == out[0][2]
 
 
-def rank_use_after_close(allocator):
+def _second_context(allocator):
+    """(a context that stays open, this process's fds and mappings with it alone, a second context):
+    what the second one leaves behind after its close is measured against the first's usage."""
     ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
     ctx.barrier()
     gc.collect()
-    base = _usage()
-    ctx2 = iris.iris(heap_size=1 << 22, allocator=allocator)
+    return ctx, _usage(), iris.iris(heap_size=1 << 22, allocator=allocator)
+
+
+def rank_use_after_close(allocator):
+    ctx, base, ctx2 = _second_context(allocator)
     r, w = ctx2.get_rank(), ctx2.get_num_ranks()
     x = ctx2.full((1 << 16,), float(r + 1))
     row = x.view(256, 256)[3]
@@ -769,11 +774,7 @@ def test_a_freed_block_comes_back_with_a_fresh_tensor_of_the_asked_shape(allocat
 
 
 def rank_close_with_kept_tensors(allocator):
-    ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
-    ctx.barrier()
-    gc.collect()
-    base = _usage()
-    ctx2 = iris.iris(heap_size=1 << 22, allocator=allocator)
+    ctx, base, ctx2 = _second_context(allocator)
     for n in (1000, 2000, 3000):
         ctx2.free(ctx2.full((n,), 1.0))  # each block keeps a tensor for its next request
     ctx2.close()
