@@ -1,6 +1,7 @@
 """Run under a launcher (iris.run or torchrun): every collective of torch.distributed on the "iris"
 backend against gloo on the same random data, then DDP training and DTensor tensor parallelism.
-argv: [cpu|cuda] [sections, comma separated: adopt,ops,p2p,sub,ddp,tp,graph; default all but adopt].
+argv: [cpu|cuda] [sections, comma separated: adopt,ops,p2p,sub,ddp,tp,graph; default all but adopt];
+graph (CUDA only): every collective and send/recv captured in a CUDA graph and replayed on new data.
 Prints "rank R: ok" when every element matched."""
 import os
 import sys
@@ -345,6 +346,127 @@ if "graph" in PARTS and DEV.type == "cuda":
             want_in, want_out = fresh.cpu(), torch.empty(shape_out)
             call(want_out, want_in, GLOO)
             same(f"graph {name} replay {k}", inp if result == "inp" else out, want_in if result == "inp" else want_out)
+
+
+
+def graphed(fn):
+    """fn run once outside capture (it builds ctx.ccl's plans for these shapes), then captured in a graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return graph
+
+
+def replayed(graph):
+    graph.replay()
+    torch.cuda.synchronize()  # every rank's replay is done before the gloo reference (a host collective) runs
+
+
+# CUDA graphs of the rooted collectives and send/recv: captured once, replayed on new inputs (outputs
+# poisoned first), every element equal to gloo's on the same data; the root is the last rank
+if "graph" in PARTS and DEV.type == "cuda":
+    root = W - 1
+    t = torch.empty(37, 3, device=DEV)
+    graph = graphed(lambda: dist.reduce(t, root))
+    for k in range(2):
+        fresh = data((37, 3), torch.float32, 200 + k)
+        t.copy_(fresh)
+        replayed(graph)
+        want = fresh.cpu().clone()
+        dist.reduce(want, root, group=GLOO)
+        if R == root:
+            same(f"graph reduce replay {k}", t, want)
+
+    for name, b in (("plain", torch.empty(41, device=DEV)), ("heap", ctx.empty(41))):
+        graph = graphed(lambda: dist.broadcast(b, root))
+        for k in range(2):
+            fresh = data((41,), torch.float32, 210 + k)
+            if R != root:  # poisoned before any rank replays: the root may store into the others' heap copy
+                poison(b)
+            torch.cuda.synchronize()
+            dist.barrier(group=GLOO)
+            if R == root:
+                b.copy_(fresh)
+            replayed(graph)
+            want = fresh.cpu().clone()
+            dist.broadcast(want, root, group=GLOO)
+            same(f"graph broadcast {name} replay {k}", b, want)
+
+    x = torch.empty(5, 3, device=DEV)
+    gathered = [torch.empty(5, 3, device=DEV) for _ in range(W)] if R == root else None
+    graph = graphed(lambda: dist.gather(x, gathered, dst=root))
+    for k in range(2):
+        fresh = data((5, 3), torch.float32, 220 + k)
+        x.copy_(fresh)
+        for o in gathered or ():
+            poison(o)
+        replayed(graph)
+        want = [torch.empty(5, 3) for _ in range(W)] if R == root else None
+        dist.gather(fresh.cpu(), want, dst=root, group=GLOO)
+        for r in range(W) if R == root else ():
+            same(f"graph gather replay {k} [{r}]", gathered[r], want[r])
+
+    out = torch.empty(5, 3, device=DEV)
+    chunks = [torch.empty(5, 3, device=DEV) for _ in range(W)] if R == root else None
+    graph = graphed(lambda: dist.scatter(out, chunks, src=root))
+    for k in range(2):
+        fresh = [data((5, 3), torch.float32, 230 + 10 * k + r) for r in range(W)]
+        for c, f in zip(chunks or (), fresh):
+            c.copy_(f)
+        poison(out)
+        replayed(graph)
+        want = torch.empty(5, 3)
+        dist.scatter(want, [f.cpu() for f in fresh] if R == root else None, src=root, group=GLOO)
+        same(f"graph scatter replay {k}", out, want)
+
+    # send/recv around the ring, whole words, odd bytes (a padded copy) and more than the mailbox (pieces)
+    for n, dtype in ((1000, torch.float32), (3, torch.uint8), (300_000, torch.int32)):
+        x = torch.empty((n,), dtype=dtype, device=DEV)
+        got = torch.empty((n,), dtype=dtype, device=DEV)
+
+        def ring():
+            for q in [dist.isend(x, (R + 1) % W), dist.irecv(got, (R - 1) % W)]:
+                q.wait()
+
+        graph = graphed(ring)
+        for k in range(2):
+            fresh = data((n,), dtype, 240 + k)
+            x.copy_(fresh)
+            poison(got)
+            replayed(graph)
+            want = torch.empty((n,), dtype=dtype)
+            for q in [dist.isend(fresh.cpu(), (R + 1) % W, group=GLOO), dist.irecv(want, (R - 1) % W, group=GLOO)]:
+                q.wait()
+            same(f"graph send/recv {n} {dtype} replay {k}", got, want)
+
+    # uneven all_to_all agrees its chunk size on the host: capturing it is refused by name, with the fix
+    ins_split = [(R + r) % 3 + 1 for r in range(W)]
+    outs_split = [(r + R) % 3 + 1 for r in range(W)]
+    x = data((sum(ins_split), 2), torch.float32, 250)
+    out = torch.empty((sum(outs_split), 2), device=DEV)
+    dist.all_to_all_single(out, x, outs_split, ins_split)
+    torch.cuda.synchronize()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side), torch.cuda.graph(graph):
+            dist.all_to_all_single(out, x, outs_split, ins_split)
+        failures.append("uneven all_to_all_single was captured")
+    except RuntimeError as e:
+        if "all_to_all_single" not in str(e) or "without split sizes" not in str(e):
+            failures.append(f"uneven all_to_all_single capture raised {e!r}")
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    # the job goes on after the refusal: the same call runs eagerly
+    poison(out)
+    dist.all_to_all_single(out, x, outs_split, ins_split)
+    want = torch.empty((sum(outs_split), 2))
+    dist.all_to_all_single(want, x.cpu(), outs_split, ins_split, group=GLOO)
+    same("uneven all_to_all_single after the refused capture", out, want)
 
 for f in failures:
     print(f"rank {R}: FAIL {f}", flush=True)
