@@ -249,7 +249,7 @@ def dispatch_floor(ctx, gloo, args) -> int:
     backend's own per-call work), and the no-op called as dist.X's would be; 4 KiB heap tensors."""
     nothing = _nothing()
     rank, w, dev = dist.get_rank(), dist.get_world_size(), ctx.get_device()
-    samples, calls = (5, 500) if args.quick else (15, 2000)
+    samples, calls = (5, 500) if args.quick else (31, 1000)
     rows = []
     for op in args.ops.split(","):
         nbytes = 4 * KiB

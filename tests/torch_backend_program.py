@@ -443,7 +443,8 @@ if "graph" in PARTS and DEV.type == "cuda":
                 q.wait()
             same(f"graph send/recv {n} {dtype} replay {k}", got, want)
 
-    # uneven all_to_all agrees its chunk size on the host: capturing it is refused by name, with the fix
+    # uneven all_to_all agrees its chunk size on the host, dist.barrier blocks the host: capturing either
+    # is refused by name, with the fix
     ins_split = [(R + r) % 3 + 1 for r in range(W)]
     outs_split = [(r + R) % 3 + 1 for r in range(W)]
     x = data((sum(ins_split), 2), torch.float32, 250)
@@ -461,7 +462,16 @@ if "graph" in PARTS and DEV.type == "cuda":
             failures.append(f"uneven all_to_all_single capture raised {e!r}")
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    # the job goes on after the refusal: the same call runs eagerly
+    try:
+        with torch.cuda.stream(side), torch.cuda.graph(torch.cuda.CUDAGraph()):
+            dist.barrier()
+        failures.append("dist.barrier was captured")
+    except RuntimeError as e:
+        if "barrier" not in str(e) or "ccl.barrier()" not in str(e):
+            failures.append(f"dist.barrier capture raised {e!r}")
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    # the job goes on after the refusals: the same call runs eagerly
     poison(out)
     dist.all_to_all_single(out, x, outs_split, ins_split)
     want = torch.empty((sum(outs_split), 2))

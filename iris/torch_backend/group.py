@@ -650,6 +650,10 @@ class IrisGroup(dist.ProcessGroup):
     # -- synchronisation -----------------------------------------------------
     def barrier(self, opts=None):
         """Every member meets on the device, then (at wait(), as NCCL's barrier) the host waits for it."""
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise _refuse("barrier", "blocks the host until every member has reached it, which a CUDA graph cannot "
+                                     "capture; inside the graph call iris.torch_backend.context().ccl.barrier() (a "
+                                     "device barrier), or call dist.barrier() outside it")
         self._flush()
         self._ccl.barrier(group=self._ccl_group)
         return self._work([], block=True)
