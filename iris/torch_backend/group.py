@@ -445,17 +445,20 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- all_to_all --------------------------------------------------------
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        self._flush()
-        call, w = "all_to_all_single", self._w
+        if self._queued:
+            self._flush()
+        call, w, nb = "all_to_all_single", self._w, input.nbytes
+        if (not output_split_sizes and not input_split_sizes and nb and nb % (4 * w) == 0  # the common call
+                and output.nbytes == nb and output.dtype == input.dtype and input.numel() % w == 0
+                and self._direct(output) and self._direct(input)):
+            self._ccl.all_to_all(self._rows.of(output), self._rows.of(input), group=self._ccl_group)
+            return self._work([output]) if opts is None or opts.asyncOp else None
         if output.dtype != input.dtype:
             raise _refuse(call, f"output is {output.dtype} but input is {input.dtype}; they must match")
         if not output_split_sizes and not input_split_sizes:
             if input.numel() % w or output.numel() != input.numel():
                 raise _refuse(call, f"equal splits need input and output of the same size, a multiple of {w}; "
                                     f"got {input.numel()} and {output.numel()} elements")
-            if input.nbytes % (4 * w) == 0 and input.numel() and self._direct(output) and self._direct(input):
-                self._ccl.all_to_all(self._rows.of(output), self._rows.of(input), group=self._ccl_group)
-                return self._done(opts, [output])
             ins, outs = list(input.reshape(w, -1)), list(output.view(w, -1))
             self._exchange(call, ins, outs, even=True)
         else:
