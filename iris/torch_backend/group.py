@@ -128,7 +128,7 @@ def _cls(nbytes: int) -> int:
 
 class _Rows:
     """Per heap tensor, its bytes as one row of int32 words (1, nbytes / 4), the view all_to_all hands
-    ctx.ccl, made once: a view costs about a microsecond per call. An entry is dropped with its
+    ctx.ccl, made once: two views cost about two microseconds per call. An entry is dropped with its
     tensor, and made again where the tensor's storage moved."""
 
     def __init__(self):
@@ -262,9 +262,6 @@ class IrisGroup(dist.ProcessGroup):
             at += n
         return out
 
-    def _global(self, group_rank: int) -> int:
-        return self._members[group_rank]
-
     @staticmethod
     def _op(call, reduce_op) -> str:
         if reduce_op == _SUM:
@@ -360,10 +357,7 @@ class IrisGroup(dist.ProcessGroup):
             raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {input.numel()} elements of "
                                                     f"{dtype}; got {output.numel()} of {output.dtype}")
         if nb % 4 == 0 and nb and self._direct(output) and self._direct(input):
-            if (dtype == torch.float32 or dtype == torch.int32) and input.dim() == 1 and output.dim() == 1:
-                self._ccl.all_gather(output, input, group=self._ccl_group)  # already words
-            else:
-                self._ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
+            self._ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
         elif nb:
             rows = self._gathered_bytes(input, "all_gather_into_tensor")
             output.view(w, -1).copy_(rows[:, :input.nbytes].view(input.dtype).view(w, -1))
@@ -527,7 +521,7 @@ class IrisGroup(dist.ProcessGroup):
             if nb == 0 or self._w == 1:
                 continue
             if nb % 4 == 0 and self._direct(t):
-                flat = _words(t) if t.dim() == 1 else self._rows.of(t)
+                flat = _words(t)
                 self._ccl.broadcast(flat, flat, src=src, group=self._ccl_group)
                 continue
             (s,) = self._stage("broadcast", _cls(t.nbytes))
