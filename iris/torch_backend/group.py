@@ -118,8 +118,10 @@ def _flat(t):
 
 def _words(t):
     """t's bytes as int32 words, one dimension, for a copy (ctx.ccl moves int32 and float32 words alike)."""
-    t = _flat(t)
-    return t if t.dtype == torch.int32 or t.dtype == torch.float32 else t.view(torch.int32)
+    if t.dim() != 1:
+        t = t.view(-1)
+    dtype = t.dtype
+    return t if dtype == torch.float32 or dtype == torch.int32 else t.view(torch.int32)
 
 
 def _cls(nbytes: int) -> int:
