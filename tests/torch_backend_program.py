@@ -483,26 +483,24 @@ if "graph" in PARTS and DEV.type == "cuda":
     out = torch.empty((sum(outs_split), 2), device=DEV)
     dist.all_to_all_single(out, x, outs_split, ins_split)
     torch.cuda.synchronize()
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(side), torch.cuda.graph(graph):
-            dist.all_to_all_single(out, x, outs_split, ins_split)
-        failures.append("uneven all_to_all_single was captured")
-    except RuntimeError as e:
-        if "all_to_all_single" not in str(e) or "without split sizes" not in str(e):
-            failures.append(f"uneven all_to_all_single capture raised {e!r}")
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    try:
-        with torch.cuda.stream(side), torch.cuda.graph(torch.cuda.CUDAGraph()):
-            dist.barrier()
-        failures.append("dist.barrier was captured")
-    except RuntimeError as e:
-        if "barrier" not in str(e) or "ccl.barrier()" not in str(e):
-            failures.append(f"dist.barrier capture raised {e!r}")
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+
+    def refused(name, call, *words):
+        """Capturing call raises RuntimeError naming the op and the fix (words); the stream is usable after."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side), torch.cuda.graph(torch.cuda.CUDAGraph()):
+                call()
+            failures.append(f"{name} was captured")
+        except RuntimeError as e:
+            if not all(w in str(e) for w in words):
+                failures.append(f"{name} capture raised {e!r}")
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+    refused("uneven all_to_all_single", lambda: dist.all_to_all_single(out, x, outs_split, ins_split),
+            "all_to_all_single", "without split sizes")
+    refused("dist.barrier", dist.barrier, "barrier", "ccl.barrier()")
     # the job goes on after the refusals: the same call runs eagerly
     poison(out)
     dist.all_to_all_single(out, x, outs_split, ins_split)
