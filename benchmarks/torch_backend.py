@@ -25,7 +25,8 @@ all_to_all: the tensor; all_gather: one rank's input; reduce_scatter: one rank's
 
 Rows go size by size (every op at 4 KiB, then at 16 KiB, ...), so a run cut short keeps every op's
 small sizes; --time-limit stops before a row that would end past it (its estimate: the op's previous
-row times the size step), and the JSON says "complete": false and why.
+row times the size step; from its second row, as the first includes compiling), and the JSON says
+"complete": false and why.
 
 --dispatch-floor: host us per call at 4 KiB with ctx.ccl's call replaced by a no-op: the do-nothing
 backend, "iris", and that no-op called directly (the backend's own host work without any kernel).
@@ -246,7 +247,8 @@ def _nothing(ranks=None):
 def dispatch_floor(ctx, gloo, args) -> int:
     """Host microseconds per call with ctx.ccl's method replaced by a no-op: dist.X on a do-nothing
     backend (torch's dispatch floor for a Python backend), dist.X over "iris" (the floor plus the
-    backend's own per-call work), and the no-op called as dist.X's would be; 4 KiB heap tensors."""
+    backend's own per-call work), and the no-op called as dist.X's would be; 4 KiB heap tensors. The
+    ranks take turns."""
     nothing = _nothing()
     rank, w, dev = dist.get_rank(), dist.get_world_size(), ctx.get_device()
     samples, calls = (5, 500) if args.quick else (31, 1000)
@@ -260,7 +262,12 @@ def dispatch_floor(ctx, gloo, args) -> int:
         try:
             fns = [_dist_call(op, h_out, h_in, nothing), _dist_call(op, h_out, h_in, None),
                    _ccl_call(ctx.ccl, op, h_out, h_in)]
-            floor, iris_stub, ccl_stub = host_us(fns, samples, calls, dev)
+            # with no kernel the calls do not communicate: the ranks take turns, so that they do not
+            # compete for the host's cores with each other
+            for turn in range(w):
+                dist.barrier(group=gloo)
+                if rank == turn:
+                    floor, iris_stub, ccl_stub = host_us(fns, samples, calls, dev)
         finally:
             delattr(ctx.ccl, op)
         row = slowest_row({"op": op, "bytes": nbytes, "nothing_us": floor, "iris_no_kernel_us": iris_stub,
@@ -275,7 +282,7 @@ def dispatch_floor(ctx, gloo, args) -> int:
         path = write_result("torch_backend-floor", {
             "rows": rows, "dtype": "float32", "samples": samples, "calls": calls, "goal": GOAL,
             "note": "host us per call, gc off, the slowest rank's median; ctx.ccl's call replaced by a no-op "
-                    "in all three: nothing = dist.X on a do-nothing backend (torch's dispatch floor), "
+                    "in all three, the ranks taking turns: nothing = dist.X on a do-nothing backend (torch's dispatch floor), "
                     "iris_no_kernel = dist.X over iris, ccl_no_kernel = the no-op called directly; "
                     "overhead_eager = iris_no_kernel - ccl_no_kernel (the goal's measure without kernels)"},
             args.out)
@@ -340,7 +347,7 @@ def main(argv=None) -> int:
     quick = args.quick or not gpu
     timer = Timer(dev, 2 if quick else 5, 3 if quick else 10)
     host_samples, host_calls = (3, 5) if quick else (7, 20)
-    rows, last, stopped = [], {}, None
+    rows, last, done, stopped = [], {}, {}, None
     meta = {"skipped": skipped, "notes": notes, "dtype": "float32", "heap_bytes": heap, "goal": GOAL,
             "time_limit_s": args.time_limit, "host_samples": host_samples, "host_calls": host_calls,
             "device_samples": timer.samples, "device_calls": timer.calls}
@@ -355,7 +362,8 @@ def main(argv=None) -> int:
             reason = None
             if rank == 0 and args.time_limit is not None:
                 elapsed = time.perf_counter() - start
-                guess = last.get(op, 0.0) * STEP
+                # an op's first row includes compiling its kernels: estimates start from its second
+                guess = last[op] * STEP if done.get(op, 0) >= 2 else 0.0
                 if elapsed + guess > args.time_limit:
                     reason = (f"time limit {args.time_limit:.0f} s: {elapsed:.0f} s elapsed and {op} at {nbytes} B "
                               f"was estimated at {guess:.0f} s")
@@ -365,6 +373,7 @@ def main(argv=None) -> int:
             t_row = time.perf_counter()
             rows.append(measure(op, nbytes, ctx, nothing, nccl, gloo, timer, host_samples, host_calls, args))
             last[op] = time.perf_counter() - t_row
+            done[op] = done.get(op, 0) + 1
             rows[-1]["row_s"] = round(last[op], 2)
             if rank == 0:
                 print(f"{op:15s} {nbytes:>10d} B  " + "  ".join(

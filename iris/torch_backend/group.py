@@ -23,6 +23,7 @@ from ..distributed.bootstrap import from_store
 from . import NAME, Options, heap_size_setting
 
 _CCL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)  # ctx.ccl reduces these
+_WORDS = (torch.float32, torch.int32)  # dtypes ctx.ccl's copies take as they are (others: viewed as int32)
 _MIN_CLASS = 4096  # bytes: the smallest staging size class
 _R = dist.ReduceOp.RedOpType
 _SUM = _R.SUM  # opts.reduceOp == _SUM is the cheapest test of the common op (no .op, no hashing)
@@ -120,8 +121,7 @@ def _words(t):
     """t's bytes as int32 words, one dimension, for a copy (ctx.ccl moves int32 and float32 words alike)."""
     if t.dim() != 1:
         t = t.view(-1)
-    dtype = t.dtype
-    return t if dtype == torch.float32 or dtype == torch.int32 else t.view(torch.int32)
+    return t if t.dtype in _WORDS else t.view(torch.int32)
 
 
 def _cls(nbytes: int) -> int:
@@ -359,7 +359,10 @@ class IrisGroup(dist.ProcessGroup):
             raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {input.numel()} elements of "
                                                     f"{dtype}; got {output.numel()} of {output.dtype}")
         if nb % 4 == 0 and nb and self._direct(output) and self._direct(input):
-            self._ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
+            if dtype in _WORDS and input.dim() == 1 == output.dim():  # words already: no helper calls
+                self._ccl.all_gather(output, input, group=self._ccl_group)
+            else:
+                self._ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
         elif nb:
             rows = self._gathered_bytes(input, "all_gather_into_tensor")
             output.view(w, -1).copy_(rows[:, :input.nbytes].view(input.dtype).view(w, -1))
