@@ -315,10 +315,11 @@ def main(argv=None) -> int:
                                                      if s <= args.max_bytes]
     top, w_env = max(sizes), int(os.environ.get("WORLD_SIZE", "1"))
     staging = (2 * w_env + 2) * top
-    # one size's heap tensors live at a time (freed before the next), but ctx.ccl keeps each shape's plan
-    # and its workspace for the context's life: room for the sizes' workspaces (a geometric series below
-    # 2x the largest), the staging area and the mailbox
-    heap = 8 * (w_env + 1) * top + staging + 256 * MiB
+    # one size's heap tensors live at a time (freed before the next), but ctx.ccl keeps a plan and its
+    # workspace per shape and dtype for the context's life: room for every op's workspaces over the sizes
+    # (a geometric series below 2x the largest), twice (the staging area's int32 views make plans of
+    # their own), the staging area and the mailbox
+    heap = 16 * (w_env + 1) * top + staging + 256 * MiB
     dist.init_process_group("iris", pg_options=Options(heap_size=heap, staging_bytes=staging))
     ctx = context()
     rank, w, dev = dist.get_rank(), dist.get_world_size(), ctx.get_device()
