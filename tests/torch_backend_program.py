@@ -91,6 +91,15 @@ if "ops" in PARTS:
         dist.broadcast(h, W - 1)
         dist.broadcast(want, W - 1, group=GLOO)
         same(f"broadcast heap {dtype}", h, want)
+    for root in range(W):  # in place on the heap: the root reads every member's tensor where it is
+        for op in (O.SUM, O.MAX):
+            x = data((9, 2), torch.float32, 94 + root)
+            h = ctx.empty(9, 2)
+            h.copy_(x)
+            want = x.cpu().clone()
+            dist.reduce(h, root, op=op)
+            dist.reduce(want, root, op=op, group=GLOO)
+            same(f"reduce heap {op} to {root}", h, want if R == root else x)
     hi, ho = ctx.empty(4 * W, 3), ctx.empty(4 * W, 3)
     for k in range(2):
         x = data((4 * W, 3), torch.float32, 93 + k)
@@ -402,16 +411,15 @@ def replayed(graph):
 # poisoned first), every element equal to gloo's on the same data; the root is the last rank
 if "graph" in PARTS and DEV.type == "cuda":
     root = W - 1
-    t = torch.empty(37, 3, device=DEV)
-    graph = graphed(lambda: dist.reduce(t, root))
-    for k in range(2):
-        fresh = data((37, 3), torch.float32, 200 + k)
-        t.copy_(fresh)
-        replayed(graph)
-        want = fresh.cpu().clone()
-        dist.reduce(want, root, group=GLOO)
-        if R == root:
-            same(f"graph reduce replay {k}", t, want)
+    for name, t in (("plain", torch.empty(37, 3, device=DEV)), ("heap", ctx.empty(37, 3))):
+        graph = graphed(lambda: dist.reduce(t, root))
+        for k in range(2):
+            fresh = data((37, 3), torch.float32, 200 + k)
+            t.copy_(fresh)
+            replayed(graph)
+            want = fresh.cpu().clone()
+            dist.reduce(want, root, group=GLOO)
+            same(f"graph reduce {name} replay {k}", t, want if R == root else fresh)
 
     for name, b in (("plain", torch.empty(41, device=DEV)), ("heap", ctx.empty(41))):
         graph = graphed(lambda: dist.broadcast(b, root))

@@ -550,15 +550,18 @@ class IrisGroup(dist.ProcessGroup):
             if not self._on_ccl(op, t):
                 self._reduced_by_gather(t, op, call)
                 continue
-            c = _cls(t.nbytes)
-            s_in, s_out = self._stage(call, c, c)
-            s_in, s_out = s_in.view(t.dtype), s_out.view(t.dtype)
-            s_in[:t.numel()].view(t.shape).copy_(t)
-            self._ccl.reduce(s_out, s_in, dst=root, op=_ON_CCL[op], group=self._ccl_group)
-            if self._r == root:
-                t.copy_(s_out[:t.numel()].view(t.shape))
-                if op == "avg":
-                    t.div_(self._w)
+            if self._direct(t):  # in place: the root reads every member's t where it is
+                self._ccl.reduce(t, t, dst=root, op=_ON_CCL[op], group=self._ccl_group)
+            else:
+                c = _cls(t.nbytes)
+                s_in, s_out = self._stage(call, c, c)
+                s_in, s_out = s_in.view(t.dtype), s_out.view(t.dtype)
+                s_in[:t.numel()].view(t.shape).copy_(t)
+                self._ccl.reduce(s_out, s_in, dst=root, op=_ON_CCL[op], group=self._ccl_group)
+                if self._r == root:
+                    t.copy_(s_out[:t.numel()].view(t.shape))
+            if self._r == root and op == "avg":
+                t.div_(self._w)
         return self._done(opts, tensors)
 
     def _root_list(self, call, lists, root, what) -> None:
