@@ -1,8 +1,9 @@
 """IrisGroup: a torch.distributed ProcessGroup whose collectives are ctx.ccl's calls.
 
 Every call is collective as torch's are: all ranks of the group, same order, same sizes. Calls are
-ordered on the current stream (ctx.ccl launches there) and return a Work whose wait() orders the
-waiting stream after them, as NCCL's does. A tensor on the heap (contiguous, of a dtype ctx.ccl
+ordered on the current stream (ctx.ccl launches there); one that asks for a Work (async_op, or any
+call from torch's C++ side) gets one whose wait() orders the waiting stream after it, as NCCL's does,
+and one that does not gets None, which torch's dist.X takes as done. A tensor on the heap (contiguous, of a dtype ctx.ccl
 moves) is handed to ctx.ccl as it is; any other is copied into the group's staging area, a prefix of
 it rounded up to a power-of-two size class, so ctx.ccl sees one shape per class and reuses its plan.
 The staging area and the send/recv mailbox are allocated once, with the first group of a context:
