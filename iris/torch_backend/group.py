@@ -3,9 +3,10 @@
 Every call is collective as torch's are: all ranks of the group, same order, same sizes. Calls are
 ordered on the current stream (ctx.ccl launches there); one that asks for a Work (async_op, or any
 call from torch's C++ side) gets one whose wait() orders the waiting stream after it, as NCCL's does,
-and one that does not gets None, which torch's dist.X takes as done. A tensor on the heap (contiguous, of a dtype ctx.ccl
-moves) is handed to ctx.ccl as it is; any other is copied into the group's staging area, a prefix of
-it rounded up to a power-of-two size class, so ctx.ccl sees one shape per class and reuses its plan.
+and one that does not gets None, which torch's dist.X takes as done. A tensor on the heap
+(contiguous, of a dtype ctx.ccl moves) is handed to ctx.ccl as it is; any other is copied into the
+group's staging area, a prefix of it rounded up to a power-of-two size class, so ctx.ccl sees one
+shape per class and reuses its plan.
 The staging area and the send/recv mailbox are allocated once, with the first group of a context:
 heap allocation is collective over the whole context, and a sub-group's call runs on its members only.
 """
