@@ -282,8 +282,8 @@ def dispatch_floor(ctx, gloo, args) -> int:
         path = write_result("torch_backend-floor", {
             "rows": rows, "dtype": "float32", "samples": samples, "calls": calls, "goal": GOAL,
             "note": "host us per call, gc off, the slowest rank's median; ctx.ccl's call replaced by a no-op "
-                    "in all three, the ranks taking turns: nothing = dist.X on a do-nothing backend (torch's dispatch floor), "
-                    "iris_no_kernel = dist.X over iris, ccl_no_kernel = the no-op called directly; "
+                    "in all three, the ranks taking turns: nothing = dist.X on a do-nothing backend (torch's "
+                    "dispatch floor), iris_no_kernel = dist.X over iris, ccl_no_kernel = the no-op called directly; "
                     "overhead_eager = iris_no_kernel - ccl_no_kernel (the goal's measure without kernels)"},
             args.out)
         print(f"wrote {path}", flush=True)
