@@ -21,7 +21,7 @@ tensors) dist.X on groups of those backends; eager times by CUDA events around c
 NCCL runs only where every rank has its own GPU (it refuses two ranks on one GPU, "duplicate GPU");
 the JSON says why a row is missing. Where ranks share one GPU, device times measure the ranks
 time-slicing it, not the collective; host times stay per process. Sizes: all_reduce, broadcast,
-all_to_all: the tensor; all_gather: one rank's input; reduce_scatter: one rank's output.
+all_to_all, reduce: the tensor; all_gather: one rank's input; reduce_scatter: one rank's output.
 
 Rows go size by size (every op at 4 KiB, then at 16 KiB, ...), so a run cut short keeps every op's
 small sizes; --time-limit stops before a row that would end past it (its estimate: the op's previous
@@ -52,7 +52,7 @@ from iris.torch_backend import Options, context  # noqa: E402
 
 warnings.simplefilter("ignore", FutureWarning)
 KiB, MiB = 1 << 10, 1 << 20
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 STEP = 4  # the size ratio between rows
 GOAL = "eager overhead (dist.X host time minus ctx.ccl's) <= 5 us per call; in a CUDA graph <= 2 us"
 # torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (the old names warn per call)
@@ -75,6 +75,8 @@ def _dist_call(op, out, inp, group):
         return lambda: _REDUCE_SCATTER(out, inp, group=group)
     if op == "all_to_all":
         return lambda: dist.all_to_all_single(out, inp, group=group)
+    if op == "reduce":
+        return lambda: dist.reduce(inp, 0, group=group)
     return lambda: dist.broadcast(inp, 0, group=group)
 
 
@@ -89,6 +91,8 @@ def _ccl_call(ccl, op, out, inp):
     if op == "all_to_all":
         o2, i2 = out.view(1, -1).view(torch.int32), inp.view(1, -1).view(torch.int32)
         return lambda: ccl.all_to_all(o2, i2)
+    if op == "reduce":
+        return lambda: ccl.reduce(inp, inp, dst=0)
     return lambda: ccl.broadcast(inp, inp, src=0)
 
 
@@ -116,6 +120,9 @@ class _Nothing(dist.ProcessGroup):
         return self._none(opts)
 
     def broadcast(self, tensors, opts=None):
+        return self._none(opts)
+
+    def reduce(self, tensors, opts=None):
         return self._none(opts)
 
     all_gather_single, reduce_scatter_single, all_to_all_single = _allgather_base, _reduce_scatter_base, alltoall_base

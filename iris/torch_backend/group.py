@@ -541,13 +541,15 @@ class IrisGroup(dist.ProcessGroup):
         return self._done(opts, tensors)
 
     def reduce(self, tensors, opts=None):
-        self._flush()
+        if self._queued:
+            self._flush()
         call = "reduce"
         op = self._op(call, opts.reduceOp)
         root = opts.rootRank
         for t in tensors:
-            self._check_op(call, op, t)
-            if t.numel() == 0 or self._w == 1:
+            if op != "sum":
+                self._check_op(call, op, t)
+            if t.nbytes == 0 or self._w == 1:
                 continue
             if not self._on_ccl(op, t):
                 self._reduced_by_gather(t, op, call)
