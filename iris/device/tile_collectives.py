@@ -23,7 +23,12 @@ What each rank must have done before the call, and what holds after it:
   gather) must be complete before the kernel starts (a barrier); stores into peers (all_gather)
   are complete after every rank's kernel has finished (a barrier).
 Sums are taken in rank order 0..world-1 in float32 for float16/bfloat16 (integers and float32 in
-their own type), so every rank gets the same bits; atomic and spinlock add in arrival order.
+their own type), this rank's term as the src dtype its peers read, so every rank gets the same bits;
+atomic and spinlock add in arrival order.
+
+The ranks are walked with run-time loops (range, not static_range): the same bodies then serve
+Triton's DeviceContext (rank and world constexprs) and Gluon's IrisDeviceCtx (rank and world read
+from the context tensor when the kernel runs; iris/gluon_tiles.py compiles them as Gluon).
 
 Every dtype of the host collectives (float32, bfloat16, float16, int32, int64) works; atomic adds of
 bfloat16 compile on GPUs only (Triton's interpreter has no bfloat16 atomic add). Peers are reached
@@ -71,21 +76,34 @@ def _tile_id(tile, view):
 
 
 @triton.jit
+def _part(ctx, r, src, mask, locks, tile_id, WAIT: tl.constexpr):
+    """Rank r's tile at src (after its locks[tile_id] reads 1 where WAIT), widened."""
+    if WAIT:
+        wait(locks + tile_id, 1, ctx.rank, r, ctx.heap_bases, "eq", "acquire", "sys")
+        tl.debug_barrier()  # every thread's loads below come after the acquire
+    return _widen(load(src, ctx.rank, r, ctx.heap_bases, mask=mask, other=0))
+
+
+@triton.jit
+def _term(ctx, r, own, src, mask, locks, tile_id, WAIT: tl.constexpr):
+    """Rank r's term of the sum: this rank's own values (as src's dtype, what its peers read) where it
+    holds them, else r's tile read from src."""
+    if own is None:
+        part = _part(ctx, r, src, mask, locks, tile_id, WAIT)
+    elif r == ctx.rank:
+        part = _widen(own.to(src.dtype.element_ty))
+    else:
+        part = _part(ctx, r, src, mask, locks, tile_id, WAIT)
+    return part
+
+
+@triton.jit
 def _sum(ctx, own, src, mask, locks, tile_id, WAIT: tl.constexpr):
     """Every rank's tile at src (this rank's from own, the values it holds; own None: read src too)
     summed in rank order. WAIT: first wait for each peer's locks[tile_id] to read 1."""
-    for r in tl.static_range(ctx.world_size):
-        if r == ctx.rank and own is not None:
-            part = _widen(own)
-        else:
-            if WAIT:
-                wait(locks + tile_id, 1, ctx.rank, r, ctx.heap_bases, "eq", "acquire", "sys")
-                tl.debug_barrier()  # every thread's loads below come after the acquire
-            part = _widen(load(src, ctx.rank, r, ctx.heap_bases, mask=mask, other=0))
-        if r == 0:
-            acc = part
-        else:
-            acc = acc + part
+    acc = _term(ctx, 0, own, src, mask, locks, tile_id, WAIT)
+    for r in range(1, ctx.world_size):
+        acc = acc + _term(ctx, r, own, src, mask, locks, tile_id, WAIT)
     return acc
 
 
@@ -96,7 +114,7 @@ def all_reduce_atomic(ctx, tile, dst_view):
     dst must be zero on every rank before any rank adds; the sum is complete after every rank's
     kernel has finished. Dtypes: those of iris.atomic_add (bfloat16 on GPUs only)."""
     ptrs, mask = dst_view.tile_ptr(tile)
-    for i in tl.static_range(ctx.world_size):
+    for i in range(ctx.world_size):
         atomic_add(ptrs, tile.data, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=mask,
                    sem="relaxed", scope="sys")
 
@@ -109,7 +127,7 @@ def all_reduce_spinlock(ctx, tile, dst_view, locks):
     sum is complete after every rank's kernel has finished. Locks are free again afterwards."""
     tile_id = _tile_id(tile, dst_view)
     ptrs, mask = dst_view.tile_ptr(tile)
-    for i in tl.static_range(ctx.world_size):
+    for i in range(ctx.world_size):
         r = (ctx.rank + i) % ctx.world_size
         held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
         while held != 0:
@@ -141,7 +159,7 @@ def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks):
         src, mask = src_view.tile_ptr(tile)
         dst, dst_mask = dst_view.tile_ptr(tile)
         out = _sum(ctx, tile.data, src, mask, locks, tile_id, True).to(dst.dtype.element_ty)
-        for i in tl.static_range(ctx.world_size):
+        for i in range(ctx.world_size):
             store(dst, out, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=dst_mask)
 
 
@@ -190,7 +208,7 @@ def all_gather(ctx, tile, dst_view, dim: tl.constexpr):
         local_n = dst_view.N // ctx.world_size
         mine = (rows[:, None] < dst_view.M) & (cols[None, :] < local_n)
         ptrs, mask = dst_view.tile_ptr_from_indices(rows, cols + local_n * ctx.rank)
-    for i in tl.static_range(ctx.world_size):
+    for i in range(ctx.world_size):
         store(ptrs, tile.data, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=mine & mask)
 
 
@@ -213,7 +231,7 @@ def all_to_all(ctx, tile, src_view, dst_view, n_per_rank):
     src, src_mask = src_view.tile_ptr_from_indices(rows, cols - owner * n_per_rank + n_per_rank * ctx.rank)
     first = (tile.pid_n * tile.block_n) // n_per_rank
     last = (tile.pid_n * tile.block_n + tile.block_n - 1) // n_per_rank
-    for s in tl.static_range(ctx.world_size):
+    for s in range(ctx.world_size):
         if (s >= first) & (s <= last):
             mask = dst_mask & src_mask & (owner[None, :] == s)
             tl.store(dst, load(src, ctx.rank, s, ctx.heap_bases, mask=mask), mask=mask)
