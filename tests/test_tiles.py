@@ -104,8 +104,13 @@ def _owned(rank, world, rows, cols):
     return (ids >= rank * per) & (ids < last)
 
 
-def _case(ctx, op, dtype, salt):
-    """Runs one tile collective; returns failures."""
+def _launch_triton(ctx, inp, pub, out, locks, cols, op):
+    _tiles_kernel[(PROGRAMS,)](inp, inp.stride(0), inp.stride(1), pub, out, out.stride(0), out.stride(1), locks,
+                               ctx.get_device_context(), M, cols, ctx.get_rank(), ctx.get_num_ranks(), BM, BN, op)
+
+
+def _case(ctx, op, dtype, salt, launch=_launch_triton):
+    """Runs one tile collective through launch (the kernel that calls it); returns failures."""
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
     cols = N if op != "all_to_all" else (N // w) * w
     ins = [_values(q, M, cols, dtype, salt) for q in range(w)]
@@ -136,13 +141,11 @@ def _case(ctx, op, dtype, salt):
         full, out = _padded(ctx, M, cols, dtype, None)
         want = torch.cat([ins[s][:, r * n:(r + 1) * n] for s in range(w)], 1)
     ctx.barrier()
-    args = (inp, inp.stride(0), inp.stride(1), pub, out, out.stride(0), out.stride(1), locks,
-            ctx.get_device_context(), M, cols, r, w, BM, BN, op)
     # The interpreter's float16 atomic add is atomic within a process only: there the ranks take turns.
     turns = range(w) if op == "atomic" and dtype == torch.float16 and _interpreted() else [None]
     for turn in turns:
         if turn is None or turn == r:
-            _tiles_kernel[(PROGRAMS,)](*args)
+            launch(ctx, inp, pub, out, locks, cols, op)
         ctx.barrier()
     expect = torch.full(full.shape, POISON, dtype=dtype)
     expect[:want.shape[0], :want.shape[1]] = want
