@@ -15,6 +15,12 @@ of 32 threads; the caller picks the layouts, these methods keep them).
 The rank and world size come from the context tensor at run time (as in Iris), so one compiled
 kernel serves every rank. Translation is iris's: a pointer valid in this rank's view, moved by the
 difference of the two ranks' heap bases. Gluon has no interpreter: these kernels run on GPUs only.
+A job whose heap has an indirect peer (NVSHMEM) is refused when a kernel compiles.
+
+The tile API (iris/gluon_tiles.py) is here too: Tile, TileView (which takes the layout its indices
+use), make_tensor_view, and the methods all_reduce_atomic, all_reduce_spinlock, all_reduce_one_shot,
+all_reduce_two_shot, all_reduce_ring, reduce_scatter, all_gather, gather and all_to_all, with
+iris.DeviceContext's names and argument order.
 """
 import triton.language as tl
 from triton.experimental import gluon
@@ -73,6 +79,7 @@ class IrisDeviceCtx:
     @gluon.jit
     def _translate(self, ptr, from_rank, to_rank):
         """ptr (valid in from_rank's view) as to_rank's memory: moved by the bases' difference."""
+        _tiles.direct_only()
         delta = gl.load(self.heap_bases + to_rank) - gl.load(self.heap_bases + from_rank)
         return tl.cast(tl.cast(ptr, gl.int64) + delta, ptr.dtype)
 

@@ -118,10 +118,10 @@ class Ranks:
 @gluon.jit
 def direct_only():
     """Refuses, when a kernel compiles, a job whose heap has an indirect peer."""
-    gl.static_assert(not INDIRECT_PEERS, "iris.gluon reaches direct peers only (loads and stores through the "
-                                         "heap's mappings), and this job's heap has an indirect peer (NVSHMEM): "
-                                         "call the same functions from a @triton.jit kernel with iris.DeviceContext, "
-                                         "which takes the NVSHMEM path")
+    gl.static_assert(not INDIRECT_PEERS, "iris.gluon.IrisDeviceCtx reaches direct peers only (through the heap's "
+                                         "mappings), and this job's heap has an indirect peer (NVSHMEM): call the "
+                                         "same functions from a @triton.jit kernel with iris.DeviceContext, which "
+                                         "takes the NVSHMEM path (for ctx.ccl: Config(use_gluon=False))")
 
 
 # The collectives: tile_collectives.py's bodies compiled as Gluon; each takes a Ranks first.

@@ -198,28 +198,34 @@ def test_gluon_tiles_compile_for_sm90(tmp_path):
 
 def test_gluon_tiles_refuse_indirect_peers(tmp_path):
     """A job with an indirect peer (IRIS_INDIRECT_PEERS=all) gets a compile-time error naming why and
-    the fix, not a kernel that loads through a mapping the peer does not have."""
+    the fix, not a kernel that loads through a mapping the peer does not have: for a tile collective,
+    and for IrisDeviceCtx's loads, stores and atomics (test_gluon.py's kernel)."""
     code = (
-        "import os, pytest, sys\n"
+        "import sys\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "import triton\n"
         "from triton.backends.compiler import GPUTarget\n"
         "from triton.experimental.gluon._runtime import GluonASTSource\n"
-        "import test_tiles_gluon as t\n"
+        "import test_gluon, test_tiles_gluon as t\n"
         "sig = {'IrisDeviceCtx': 'constexpr', 'inp': '*fp32', 'ism': 'i32', 'isn': 'i32', 'pub': '*fp32', "
         "'out': '*fp32', 'osm': 'i32', 'osn': 'i32', 'locks': '*i32', 'context': '*i64', 'M': 'i32', 'N': 'i32', "
         "'BM': 'constexpr', 'BN': 'constexpr', 'OP': 'constexpr', 'LAYOUT': 'constexpr'}\n"
-        "src = GluonASTSource(t._gluon_tiles_kernel, sig, {'IrisDeviceCtx': t.ig.IrisDeviceCtx, 'BM': 8, 'BN': 16, "
-        "'OP': 'gather', 'LAYOUT': t.LAYOUTS[0][0]})\n"
-        "try:\n"
-        "    triton.compile(src, target=GPUTarget('cuda', 90, 32), options={'num_warps': 1})\n"
-        "    print('COMPILED')\n"
-        "except Exception as e:\n"
-        "    c = e\n"
-        "    while c.__cause__ is not None or c.__context__ is not None:\n"
-        "        c = c.__cause__ or c.__context__\n"
-        "    print('REFUSED', c)\n")
+        "rma = {'IrisDeviceCtx': 'constexpr', 'context': '*i64', 'src': '*i32', 'seg': '*i32', 'olds': '*i32', "
+        "'flags': '*i32', 'cas': '*i32', 'me': 'i32', 'n': 'i32', 'BLOCK': 'constexpr'}\n"
+        "for src in (GluonASTSource(t._gluon_tiles_kernel, sig, {'IrisDeviceCtx': t.ig.IrisDeviceCtx, 'BM': 8, "
+        "'BN': 16, 'OP': 'gather', 'LAYOUT': t.LAYOUTS[0][0]}), GluonASTSource(test_gluon._rma_kernel, rma, "
+        "{'IrisDeviceCtx': t.ig.IrisDeviceCtx, 'BLOCK': 256})):\n"
+        "    try:\n"
+        "        triton.compile(src, target=GPUTarget('cuda', 90, 32), options={'num_warps': 1})\n"
+        "        print('COMPILED')\n"
+        "    except Exception as e:\n"
+        "        c = e\n"
+        "        while c.__cause__ is not None or c.__context__ is not None:\n"
+        "            c = c.__cause__ or c.__context__\n"
+        "        print('REFUSED', str(c).replace(chr(10), ' '))\n")
     env = dict(os.environ, TRITON_INTERPRET="0", IRIS_INDIRECT_PEERS="all", TRITON_CACHE_DIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert "REFUSED" in proc.stdout, proc.stdout + proc.stderr
-    assert "indirect peer" in proc.stdout and "iris.DeviceContext" in proc.stdout, proc.stdout
+    said = [line for line in proc.stdout.splitlines() if line.startswith(("REFUSED", "COMPILED"))]
+    assert len(said) == 2, proc.stdout + proc.stderr
+    for line in said:
+        assert line.startswith("REFUSED") and "indirect peer" in line and "iris.DeviceContext" in line, line
