@@ -24,6 +24,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 
 import iris  # noqa: E402
 import iris.gluon as ig  # noqa: E402
+from test_gluon import compiling_child  # noqa: E402
 from test_tiles import BM, BN, DTYPES, M, MOVING, PROGRAMS, REDUCING, _case  # noqa: E402
 
 # (layout, num_warps): one thread per 1 x 4 elements covering the 8 x 16 tile exactly, row-major; and
@@ -166,27 +167,12 @@ def _every_collective_kernel(IrisDeviceCtx: gl.constexpr, inp, pub, out, locks, 
 
 def test_gluon_tiles_compile_for_sm90(tmp_path):
     """Every collective compiles for sm_90 with the Triton installed here, in a 16-bit float (widened
-    sums) and a 64-bit integer, in both layouts: Gluon's API differs between Triton versions. In a
-    fresh process: a kernel run earlier in this one under the interpreter leaves triton.language patched."""
-    if os.environ.get("IRIS_GLUON_COMPILE_CHILD") != "1":
-        env = dict(os.environ, IRIS_GLUON_COMPILE_CHILD="1", TRITON_INTERPRET="0")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               f"{__file__}::test_gluon_tiles_compile_for_sm90"], env=env,
-                              capture_output=True, text=True, timeout=600)
-        last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-        if proc.returncode == 0 and "skipped" in last and "passed" not in last:
-            pytest.skip(last)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    sums) and a 64-bit integer, in both layouts: Gluon's API differs between Triton versions."""
+    GluonASTSource = compiling_child(__file__, "test_gluon_tiles_compile_for_sm90", tmp_path)
+    if GluonASTSource is None:
         return
     import triton
     from triton.backends.compiler import GPUTarget
-    try:
-        from triton.experimental.gluon._runtime import GluonASTSource
-    except ImportError:
-        pytest.skip("this Triton's Gluon has no GluonASTSource to compile without a launch")
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
-        pytest.skip("Triton's ptxas is not installed with it")
-    os.environ.setdefault("TRITON_CACHE_DIR", str(tmp_path))
     for dt, (layout, warps) in zip(("bf16", "i64"), LAYOUTS):
         sig = {"IrisDeviceCtx": "constexpr", "inp": f"*{dt}", "pub": f"*{dt}", "out": f"*{dt}", "locks": "*i32",
                "context": "*i64", "M": "i32", "N": "i32", "BM": "constexpr", "BN": "constexpr", "LAYOUT": "constexpr"}
