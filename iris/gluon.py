@@ -30,7 +30,9 @@ from triton.language.core import _aggregate as aggregate
 from . import gluon_tiles as _tiles
 from .device.near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR
 from .device.near import _atomic as _near_atomic
-from .gluon_tiles import Tile, TileView, make_tensor_view  # noqa: F401  (the tile API, imported from here)
+from .gluon_tiles import Tile, TileView, make_tensor_view
+
+__all__ = ["IrisDeviceCtx", "Tile", "TileView", "make_tensor_view"]
 
 _atomic = gluon.jit(_near_atomic.fn)  # the one definition of the nine atomics, compiled as Gluon
 

@@ -15,14 +15,12 @@ What matters:
   iris.TensorView itself; what Gluon adds is where a tile's row and column indices live: a Tile's
   come in the slices of its data's layout, a TileView's in the slices of the layout it is given (Gluon
   has no default layout for gl.arange), so every pointer, mask and loaded block of a tile has the
-  tile's layout and no conversion is compiled. What each rank must do before and after each call is
-  tile_collectives.py's docstring.
+  tile's layout. What each rank must do before and after each call is tile_collectives.py's docstring.
 - The rank and world size are run-time values (IrisDeviceCtx reads them from the context tensor, so
   one compiled kernel serves every rank); the bodies walk the ranks with run-time loops for that.
 - Gluon has no interpreter: these compile and run on GPUs only. A job whose heap has an indirect peer
   (NVSHMEM) is refused when a kernel compiles: Gluon kernels reach direct peers only.
 """
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate

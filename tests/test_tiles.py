@@ -112,7 +112,7 @@ def _launch_triton(ctx, inp, pub, out, locks, cols, op):
 
 def _case(ctx, op, dtype, salt, launch=_launch_triton):
     """Runs one tile collective through launch (the kernel that calls it); returns failures."""
-    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
     cols = N if op != "all_to_all" else (N // w) * w
     ins = [_values(q, M, cols, dtype, salt) for q in range(w)]
     inp = _transposed(ctx, ins[r])  # strides (1, M)

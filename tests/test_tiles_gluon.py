@@ -16,7 +16,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 gluon = pytest.importorskip("triton.experimental.gluon", reason="this Triton has no triton.experimental.gluon")
 import triton.language as tl  # noqa: E402
