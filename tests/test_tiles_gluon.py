@@ -110,7 +110,7 @@ COLLECTIVES = ("all_reduce_atomic", "all_reduce_spinlock", "all_reduce_one_shot"
 
 def _params(fn):
     fn = getattr(fn, "fn", fn)
-    if getattr(fn, "__closure__", None):  # under the interpreter iris's aggregates are plain classes forwarding to the jit functions
+    if getattr(fn, "__closure__", None):  # interpreted, iris's aggregates are plain classes calling the jit functions
         fn = fn.__closure__[0].cell_contents
     return list(inspect.signature(getattr(fn, "fn", fn)).parameters)
 
