@@ -15,14 +15,24 @@ of 32 threads; the caller picks the layouts, these methods keep them).
 The rank and world size come from the context tensor at run time (as in Iris), so one compiled
 kernel serves every rank. Translation is iris's: a pointer valid in this rank's view, moved by the
 difference of the two ranks' heap bases. Gluon has no interpreter: these kernels run on GPUs only.
+A job whose heap has an indirect peer (NVSHMEM) is refused when a kernel compiles.
+
+The tile API (iris/gluon_tiles.py) is here too: Tile, TileView (which takes the layout its indices
+use), make_tensor_view, and the methods all_reduce_atomic, all_reduce_spinlock, all_reduce_one_shot,
+all_reduce_two_shot, all_reduce_ring, reduce_scatter, all_gather, gather and all_to_all, with
+iris.DeviceContext's names and argument order.
 """
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
+from . import gluon_tiles as _tiles
 from .device.near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR
 from .device.near import _atomic as _near_atomic
+from .gluon_tiles import Tile, TileView, make_tensor_view
+
+__all__ = ["IrisDeviceCtx", "Tile", "TileView", "make_tensor_view"]
 
 _atomic = gluon.jit(_near_atomic.fn)  # the one definition of the nine atomics, compiled as Gluon
 
@@ -71,6 +81,7 @@ class IrisDeviceCtx:
     @gluon.jit
     def _translate(self, ptr, from_rank, to_rank):
         """ptr (valid in from_rank's view) as to_rank's memory: moved by the bases' difference."""
+        _tiles.direct_only()
         delta = gl.load(self.heap_bases + to_rank) - gl.load(self.heap_bases + from_rank)
         return tl.cast(tl.cast(ptr, gl.int64) + delta, ptr.dtype)
 
@@ -152,3 +163,57 @@ class IrisDeviceCtx:
     def atomic_max(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic maximum at to_rank's pointer; returns the old values."""
         return _atomic(MAX, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+
+    # tile collectives: iris/device/tile_collectives.py's bodies compiled as Gluon (iris/gluon_tiles.py);
+    # that module's docstring says what each rank must do before and after. Tiles: iris.gluon.Tile or
+    # TileView; views: iris.gluon.make_tensor_view's.
+    @gluon.jit
+    def _ranks(self):
+        _tiles.direct_only()
+        return _tiles.Ranks(self.cur_rank, self.num_ranks, self.heap_bases)
+
+    @gluon.jit
+    def all_reduce_atomic(self, tile, dst_view):
+        """Atomically adds tile.data into dst_view's tile on every rank (dst zero beforehand)."""
+        _tiles.all_reduce_atomic(self._ranks(), tile, dst_view)
+
+    @gluon.jit
+    def all_reduce_spinlock(self, tile, dst_view, locks):
+        """Adds tile.data into dst_view's tile on every rank under that rank's locks[tile_id]."""
+        _tiles.all_reduce_spinlock(self._ranks(), tile, dst_view, locks)
+
+    @gluon.jit
+    def all_reduce_one_shot(self, tile, src_view, dst_view, locks):
+        """Sums every rank's published tile (src_view, locks[tile_id] == 1) into this rank's dst_view."""
+        _tiles.all_reduce_one_shot(self._ranks(), tile, src_view, dst_view, locks)
+
+    @gluon.jit
+    def all_reduce_two_shot(self, tile, src_view, dst_view, locks):
+        """The tile's owner (tile_id % world) sums the published tiles into dst_view on every rank."""
+        _tiles.all_reduce_two_shot(self._ranks(), tile, src_view, dst_view, locks)
+
+    @gluon.jit
+    def all_reduce_ring(self, tile, src_view, dst_view):
+        """Sums every rank's src_view tile (complete before the launch) into this rank's dst_view."""
+        _tiles.all_reduce_ring(self._ranks(), tile, src_view, dst_view)
+
+    @gluon.jit
+    def reduce_scatter(self, tile, src_view, dst_view, locks):
+        """The tile's owner (contiguous runs of tile ids per rank) sums the published tiles into its dst_view."""
+        _tiles.reduce_scatter(self._ranks(), tile, src_view, dst_view, locks)
+
+    @gluon.jit
+    def all_gather(self, tile, dst_view, dim: gl.constexpr):
+        """Stores tile.data into this rank's part (along dim) of dst_view on every rank."""
+        _tiles.all_gather(self._ranks(), tile, dst_view, dim)
+
+    @gluon.jit
+    def gather(self, tile, src_view, source_rank, hint: gl.constexpr = None):
+        """source_rank's values of the tile in src_view, in the tile's layout."""
+        return _tiles.gather(self._ranks(), tile, src_view, source_rank, hint)
+
+    @gluon.jit
+    def all_to_all(self, tile, src_view, dst_view, N_per_rank):
+        """Fills this rank's dst_view tile with column chunk `rank` of each peer's src_view (N_per_rank
+        columns each; Iris's parameter name)."""
+        _tiles.all_to_all(self._ranks(), tile, src_view, dst_view, N_per_rank)

@@ -4,8 +4,9 @@ checked element by element against the collective done by hand in torch.
 
 Inputs are small integers (exact in every dtype, sums too), so every element is compared exactly;
 outputs are padded views of larger tensors poisoned beforehand, so a write outside a view or a tile
-left unwritten shows. Spawning ranks costs seconds: each world runs once (memoized) and every case
-returns its failures to the parent, where one test per case asserts on them.
+left unwritten shows. Spawning ranks costs seconds: on the host each world runs once (memoized), the
+tile cases and the fused op's together, and every case returns its failures to the parent, where one
+test per case asserts on them.
 """
 import functools
 import os
@@ -19,7 +20,7 @@ import triton.language as tl
 import iris
 
 POISON = 99
-M, N, BM, BN = 20, 24, 8, 16              # edge tiles in both dimensions: 3 x 2 tiles, partial ones
+M, N, BM, BN = 12, 20, 8, 16              # edge tiles in both dimensions: 2 x 2 tiles, all partial but one
 PROGRAMS = 2                              # programs of the persistent grid: each walks several tiles
 PAD_M, PAD_N = 3, 5                       # outputs are views into tensors this much larger
 REDUCING = ("atomic", "spinlock", "one_shot", "two_shot", "ring", "reduce_scatter")
@@ -104,9 +105,14 @@ def _owned(rank, world, rows, cols):
     return (ids >= rank * per) & (ids < last)
 
 
-def _case(ctx, op, dtype, salt):
-    """Runs one tile collective; returns failures."""
-    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+def _launch_triton(ctx, inp, pub, out, locks, cols, op):
+    _tiles_kernel[(PROGRAMS,)](inp, inp.stride(0), inp.stride(1), pub, out, out.stride(0), out.stride(1), locks,
+                               ctx.get_device_context(), M, cols, ctx.get_rank(), ctx.get_num_ranks(), BM, BN, op)
+
+
+def _case(ctx, op, dtype, salt, launch=_launch_triton):
+    """Runs one tile collective through launch (the kernel that calls it); returns failures."""
+    r, w = ctx.get_rank(), ctx.get_num_ranks()
     cols = N if op != "all_to_all" else (N // w) * w
     ins = [_values(q, M, cols, dtype, salt) for q in range(w)]
     inp = _transposed(ctx, ins[r])  # strides (1, M)
@@ -136,13 +142,11 @@ def _case(ctx, op, dtype, salt):
         full, out = _padded(ctx, M, cols, dtype, None)
         want = torch.cat([ins[s][:, r * n:(r + 1) * n] for s in range(w)], 1)
     ctx.barrier()
-    args = (inp, inp.stride(0), inp.stride(1), pub, out, out.stride(0), out.stride(1), locks,
-            ctx.get_device_context(), M, cols, r, w, BM, BN, op)
     # The interpreter's float16 atomic add is atomic within a process only: there the ranks take turns.
     turns = range(w) if op == "atomic" and dtype == torch.float16 and _interpreted() else [None]
     for turn in turns:
         if turn is None or turn == r:
-            _tiles_kernel[(PROGRAMS,)](*args)
+            launch(ctx, inp, pub, out, locks, cols, op)
         ctx.barrier()
     expect = torch.full(full.shape, POISON, dtype=dtype)
     expect[:want.shape[0], :want.shape[1]] = want
@@ -158,17 +162,20 @@ def _case(ctx, op, dtype, salt):
 
 
 # The interpreter has no bfloat16 atomic add ("Unsupported data type"): that case runs on GPUs.
+# On the host each function runs in one dtype at 2 ranks and another at 4: a float and an integer
+# for each function across the two, every dtype in several functions (float32 atomic adds: the fused
+# op's atomic case); the interpreter's seconds add up.
+HOST_DTYPES = {"atomic": (torch.float16, torch.int64), "spinlock": (torch.bfloat16, torch.int32),
+               "one_shot": (torch.int64, torch.bfloat16), "two_shot": (torch.float32, torch.int32),
+               "ring": (torch.float16, torch.int64), "reduce_scatter": (torch.int32, torch.bfloat16),
+               "all_gather0": (torch.bfloat16, torch.int32), "all_gather1": (torch.float32, torch.float16),
+               "gather": (torch.int64, torch.bfloat16), "all_to_all": (torch.float16, torch.int32)}
+
+
 def _cases(gpu, world):
     if gpu:
         return [(op, dt) for op in REDUCING + MOVING for dt in DTYPES]
-    # on the host every function runs in two or three dtypes at 2 ranks (each dtype in several
-    # functions), in one at 4 ranks: the interpreter's seconds add up
-    picks = {"atomic": [torch.float32, torch.float16, torch.int64], "spinlock": [torch.bfloat16, torch.int32],
-             "one_shot": [torch.bfloat16, torch.int64, torch.float16], "two_shot": [torch.float32, torch.int32],
-             "ring": [torch.float16, torch.int64], "reduce_scatter": [torch.bfloat16, torch.float32],
-             "all_gather0": [torch.bfloat16, torch.int32], "all_gather1": [torch.float32, torch.float16],
-             "gather": [torch.int64, torch.bfloat16], "all_to_all": [torch.float16, torch.int32]}
-    return [(op, dt) for op, dts in picks.items() for dt in (dts if world == 2 else dts[:1])]
+    return [(op, dts[0] if world == 2 else dts[1]) for op, dts in HOST_DTYPES.items()]
 
 
 def _indirect_cases():
@@ -178,7 +185,8 @@ def _indirect_cases():
             if not (op == "atomic" and dt == torch.bfloat16)]
 
 
-def rank_main(gpu, allocator=None, indirect=False):
+def rank_main(gpu, allocator=None, indirect=False, with_ops=False):
+    """The tile cases (with_ops: then the fused op's, as ("ops", "") -> failures); {(op, dtype): failures}."""
     ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
     out = {}
     try:
@@ -189,6 +197,9 @@ def rank_main(gpu, allocator=None, indirect=False):
             except Exception:  # report it; the other ranks may wait in this case, so stop here
                 out[(op, str(dt))] = [f"rank {ctx.get_rank()} raised:\n{traceback.format_exc()}"]
                 raise RuntimeError(out[(op, str(dt))][0])
+        if with_ops:
+            w = ctx.get_num_ranks()
+            out[("ops", "")] = _ops_cases(ctx, False, 16 * w, OPS_N, OPS_K, 16)
         return out
     finally:
         ctx.close()
@@ -196,7 +207,7 @@ def rank_main(gpu, allocator=None, indirect=False):
 
 @functools.lru_cache(maxsize=None)
 def _run(world, gpu=False):
-    per_rank = iris.spawn(rank_main, world, args=(gpu,), timeout=600)
+    per_rank = iris.spawn(rank_main, world, args=(gpu, None, False, not gpu), timeout=600)
     return {key: [f for r in per_rank for f in r[key]] for key in per_rank[0]}
 
 
@@ -216,9 +227,13 @@ def test_tiles_over_indirect_peers(setting, world, monkeypatch):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("op", REDUCING + MOVING)
-def test_tiles_host(op, world):
-    failures = [f for (o, _), fs in _run(world).items() if o == op for f in fs]
+def test_tiles_host(world):
+    """Every tile function (HOST_DTYPES) and the fused op's variants (_op_cases) on one set of ranks per
+    world: one test per world, so pytest-xdist's workers do not each
+    start the same ranks for tests of one world."""
+    results = _run(world)
+    assert set(o for o, _ in results) == set(REDUCING + MOVING) | {"ops"}, sorted(results)
+    failures = [f"{op} {dt}: {f}" for (op, dt), fs in results.items() for f in fs]
     assert not failures, "\n".join(failures[:10])
 
 
@@ -252,53 +267,63 @@ def _op_inputs(world, dtype, seed, M, N, K):
 
 
 def _op_cases(gpu, world):
+    """ctx.ops.matmul_all_reduce (atomic, spinlock, one_shot, two_shot, ring) and matmul_reduce_scatter (this
+    rank's rows: rs_rows, and the tile layout: rs_tiles) with FusedConfig(variant="tiles"), as (case,
+    dtype, calls): calls 2 where the second call reuses the workspace's locks and flags."""
     if not gpu and world > 2:  # the interpreter's seconds: at 4 ranks the paths that differ most
-        return [("two_shot", torch.bfloat16), ("rs_rows", torch.bfloat16), ("spinlock", torch.bfloat16)]
-    cases = [(v, torch.bfloat16) for v in ("one_shot", "two_shot", "spinlock", "ring", "rs_rows", "rs_tiles")]
+        return [("two_shot", torch.bfloat16, 1), ("rs_rows", torch.bfloat16, 1)]
+    cases = [(v, torch.bfloat16, 2 if gpu or v in ("one_shot", "two_shot", "rs_tiles") else 1)
+             for v in ("one_shot", "two_shot", "spinlock", "ring", "rs_rows", "rs_tiles")]
     if gpu:  # each dtype the ops take, through one variant (the tile functions' dtypes: test_tiles_gpu)
-        return cases + [("one_shot", torch.float16), ("one_shot", torch.float32)] + [
-            ("atomic", dt) for dt in (torch.bfloat16, torch.float16, torch.float32)]
+        return cases + [("one_shot", torch.float16, 2), ("one_shot", torch.float32, 2)] + [
+            ("atomic", dt, 2) for dt in (torch.bfloat16, torch.float16, torch.float32)]
     # the interpreter's atomic adds are atomic across processes for float32 only
-    return cases + [("atomic", torch.float32)]
+    return cases + [("atomic", torch.float32, 1)]
 
 
 def rank_ops(gpu, M, N, K, block):
-    from iris.ops import FusedConfig
     ctx = iris.iris(heap_size=1 << 26 if gpu else 1 << 22)
-    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
-    bad = []
     try:
-        for case, dtype in _op_cases(gpu, w):
-            variant = "two_shot" if case.startswith("rs") else case
-            cfg = FusedConfig(block_size_m=block, block_size_n=block, block_size_k=block, variant="tiles",
-                              all_reduce_variant=variant)
-            for call in range(2):  # the second call reuses the workspace: its locks and output are reset
-                ins = _op_inputs(w, dtype, 10 * call + len(case), M, N, K)
-                total = sum((a.float() @ b.float()) for a, b in ins).to(dtype)
-                rows = M // w if case == "rs_rows" else M
-                out = torch.full((rows, N), POISON, dtype=dtype, device=dev)
-                A, B = ins[r][0].to(dev), ins[r][1].to(dev)
-                if case.startswith("rs"):
-                    ctx.ops.matmul_reduce_scatter(out, A, B, config=cfg)
-                    if case == "rs_rows":
-                        want = total[r * rows:(r + 1) * rows]
-                    else:  # tile layout: this rank's contiguous run of tile ids, the rest untouched
-                        mine = _owned_tiles(r, w, M, N, block)
-                        want = torch.where(mine, total, torch.full_like(total, POISON))
-                else:
-                    ctx.ops.matmul_all_reduce(out, A, B, config=cfg)
-                    want = total
-                if not torch.equal(out.cpu(), want):
-                    diff = (out.cpu() != want).nonzero()
-                    bad.append(f"ops {case} {dtype} call {call} world {w} rank {r}: {len(diff)} wrong, first "
-                               f"{diff[0].tolist()}: {out.cpu()[tuple(diff[0])].item()} vs "
-                               f"{want[tuple(diff[0])].item()}")
+        bad = _ops_cases(ctx, gpu, M, N, K, block)
         if gpu:
+            from iris.ops import FusedConfig
             bad += _graph_replays(ctx, FusedConfig(block_size_m=block, block_size_n=block, block_size_k=block,
                                                    variant="tiles"), M, N, K)
         return bad
     finally:
         ctx.close()
+
+
+def _ops_cases(ctx, gpu, M, N, K, block):
+    from iris.ops import FusedConfig
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    bad = []
+    for case, dtype, calls in _op_cases(gpu, w):
+        variant = "two_shot" if case.startswith("rs") else case
+        cfg = FusedConfig(block_size_m=block, block_size_n=block, block_size_k=block, variant="tiles",
+                          all_reduce_variant=variant)
+        for call in range(calls):  # a second call reuses the workspace: its locks and output are reset
+            ins = _op_inputs(w, dtype, 10 * call + len(case), M, N, K)
+            total = sum((a.float() @ b.float()) for a, b in ins).to(dtype)
+            rows = M // w if case == "rs_rows" else M
+            out = torch.full((rows, N), POISON, dtype=dtype, device=dev)
+            A, B = ins[r][0].to(dev), ins[r][1].to(dev)
+            if case.startswith("rs"):
+                ctx.ops.matmul_reduce_scatter(out, A, B, config=cfg)
+                if case == "rs_rows":
+                    want = total[r * rows:(r + 1) * rows]
+                else:  # tile layout: this rank's contiguous run of tile ids, the rest untouched
+                    mine = _owned_tiles(r, w, M, N, block)
+                    want = torch.where(mine, total, torch.full_like(total, POISON))
+            else:
+                ctx.ops.matmul_all_reduce(out, A, B, config=cfg)
+                want = total
+            if not torch.equal(out.cpu(), want):
+                diff = (out.cpu() != want).nonzero()
+                bad.append(f"ops {case} {dtype} call {call} world {w} rank {r}: {len(diff)} wrong, first "
+                           f"{diff[0].tolist()}: {out.cpu()[tuple(diff[0])].item()} vs "
+                           f"{want[tuple(diff[0])].item()}")
+    return bad
 
 
 def _owned_tiles(rank, world, rows, cols, block):
@@ -332,14 +357,6 @@ def _graph_replays(ctx, cfg, M, N, K):
         if not torch.equal(out.cpu(), sum((a.float() @ b.float()) for a, b in ins).to(torch.bfloat16)):
             bad.append(f"ops graph replay {rep} world {w} rank {r}: wrong")
     return bad
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_matmul_tile_reduce_host(world):
-    """ctx.ops.matmul_all_reduce (atomic, spinlock, one_shot, two_shot, ring) and matmul_reduce_scatter (this
-    rank's rows, and the tile layout) with FusedConfig(variant="tiles"), each called twice."""
-    bad = [f for fs in iris.spawn(rank_ops, world, args=(False, 16 * world, OPS_N, OPS_K, 16), timeout=600) for f in fs]
-    assert not bad, "\n".join(bad[:10])
 
 
 @pytest.mark.gpu

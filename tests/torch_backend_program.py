@@ -1,6 +1,7 @@
 """Run under a launcher (iris.run or torchrun): every collective of torch.distributed on the "iris"
 backend against gloo on the same random data, then DDP training and DTensor tensor parallelism.
-argv: [cpu|cuda] [sections, comma separated: adopt,ops,p2p,sub,ddp,tp,graph; default all but adopt].
+argv: [cpu|cuda] [sections, comma separated: adopt,ops,p2p,sub,ddp,tp,graph; default all but adopt];
+graph (CUDA only): every collective and send/recv captured in a CUDA graph and replayed on new data.
 Prints "rank R: ok" when every element matched."""
 import os
 import sys
@@ -81,6 +82,47 @@ if "ops" in PARTS:
     want = x.cpu().clone()
     dist.all_reduce(want, group=GLOO)
     same("all_reduce heap tensor", h, want)
+    # heap tensors in place (zero copy): broadcast of 2-D and 16-bit data, all_to_all twice on the same
+    # tensors (the second call reuses their word views), reduce_scatter and all_gather
+    for shape, dtype in (((9, 2), torch.float32), ((10,), torch.bfloat16)):
+        h = ctx.empty(shape, dtype=dtype)
+        h.copy_(data(shape, dtype, 95))
+        want = h.cpu().clone()
+        dist.broadcast(h, W - 1)
+        dist.broadcast(want, W - 1, group=GLOO)
+        same(f"broadcast heap {dtype}", h, want)
+    for root in range(W):  # in place on the heap: the root reads every member's tensor where it is
+        for op in (O.SUM, O.MAX):
+            x = data((9, 2), torch.float32, 94 + root)
+            h = ctx.empty(9, 2)
+            h.copy_(x)
+            want = x.cpu().clone()
+            dist.reduce(h, root, op=op)
+            dist.reduce(want, root, op=op, group=GLOO)
+            same(f"reduce heap {op} to {root}", h, want if R == root else x)
+    hi, ho = ctx.empty(4 * W, 3), ctx.empty(4 * W, 3)
+    for k in range(2):
+        x = data((4 * W, 3), torch.float32, 93 + k)
+        hi.copy_(x)
+        poison(ho)
+        dist.all_to_all_single(ho, hi)
+        want = torch.empty(4 * W, 3)
+        dist.all_to_all_single(want, x.cpu(), group=GLOO)
+        same(f"all_to_all_single heap call {k}", ho, want)
+    hi, ho = ctx.empty(6 * W), ctx.empty(6)
+    hi.copy_(data((6 * W,), torch.float32, 92))
+    poison(ho)
+    dist.reduce_scatter_tensor(ho, hi)
+    want = torch.empty(6)
+    dist.reduce_scatter_tensor(want, hi.cpu(), group=GLOO)
+    same("reduce_scatter_tensor heap", ho, want)
+    hi, ho = ctx.empty(7), ctx.empty(7 * W)
+    hi.copy_(data((7,), torch.float32, 91))
+    poison(ho)
+    dist.all_gather_into_tensor(ho, hi)
+    want = torch.empty(7 * W)
+    dist.all_gather_into_tensor(want, hi.cpu(), group=GLOO)
+    same("all_gather_into_tensor heap", ho, want)
     avg = data((64,), torch.float32, 98)
     want = avg.cpu().clone()
     dist.all_reduce(want, group=GLOO)
@@ -345,6 +387,134 @@ if "graph" in PARTS and DEV.type == "cuda":
             want_in, want_out = fresh.cpu(), torch.empty(shape_out)
             call(want_out, want_in, GLOO)
             same(f"graph {name} replay {k}", inp if result == "inp" else out, want_in if result == "inp" else want_out)
+
+
+
+def graphed(fn):
+    """fn run once outside capture (it builds ctx.ccl's plans for these shapes), then captured in a graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return graph
+
+
+def replayed(graph):
+    graph.replay()
+    torch.cuda.synchronize()  # every rank's replay is done before the gloo reference (a host collective) runs
+
+
+# CUDA graphs of the rooted collectives and send/recv: captured once, replayed on new inputs (outputs
+# poisoned first), every element equal to gloo's on the same data; the root is the last rank
+if "graph" in PARTS and DEV.type == "cuda":
+    root = W - 1
+    for name, t in (("plain", torch.empty(37, 3, device=DEV)), ("heap", ctx.empty(37, 3))):
+        graph = graphed(lambda: dist.reduce(t, root))
+        for k in range(2):
+            fresh = data((37, 3), torch.float32, 200 + k)
+            t.copy_(fresh)
+            replayed(graph)
+            want = fresh.cpu().clone()
+            dist.reduce(want, root, group=GLOO)
+            same(f"graph reduce {name} replay {k}", t, want if R == root else fresh)
+
+    for name, b in (("plain", torch.empty(41, device=DEV)), ("heap", ctx.empty(41))):
+        graph = graphed(lambda: dist.broadcast(b, root))
+        for k in range(2):
+            fresh = data((41,), torch.float32, 210 + k)
+            if R != root:  # poisoned before any rank replays: the root may store into the others' heap copy
+                poison(b)
+            torch.cuda.synchronize()
+            dist.barrier(group=GLOO)
+            if R == root:
+                b.copy_(fresh)
+            replayed(graph)
+            want = fresh.cpu().clone()
+            dist.broadcast(want, root, group=GLOO)
+            same(f"graph broadcast {name} replay {k}", b, want)
+
+    x = torch.empty(5, 3, device=DEV)
+    gathered = [torch.empty(5, 3, device=DEV) for _ in range(W)] if R == root else None
+    graph = graphed(lambda: dist.gather(x, gathered, dst=root))
+    for k in range(2):
+        fresh = data((5, 3), torch.float32, 220 + k)
+        x.copy_(fresh)
+        for o in gathered or ():
+            poison(o)
+        replayed(graph)
+        want = [torch.empty(5, 3) for _ in range(W)] if R == root else None
+        dist.gather(fresh.cpu(), want, dst=root, group=GLOO)
+        for r in range(W) if R == root else ():
+            same(f"graph gather replay {k} [{r}]", gathered[r], want[r])
+
+    out = torch.empty(5, 3, device=DEV)
+    chunks = [torch.empty(5, 3, device=DEV) for _ in range(W)] if R == root else None
+    graph = graphed(lambda: dist.scatter(out, chunks, src=root))
+    for k in range(2):
+        fresh = [data((5, 3), torch.float32, 230 + 10 * k + r) for r in range(W)]
+        for c, f in zip(chunks or (), fresh):
+            c.copy_(f)
+        poison(out)
+        replayed(graph)
+        want = torch.empty(5, 3)
+        dist.scatter(want, [f.cpu() for f in fresh] if R == root else None, src=root, group=GLOO)
+        same(f"graph scatter replay {k}", out, want)
+
+    # send/recv around the ring, whole words, odd bytes (a padded copy) and more than the mailbox (pieces)
+    for n, dtype in ((1000, torch.float32), (3, torch.uint8), (300_000, torch.int32)):
+        x = torch.empty((n,), dtype=dtype, device=DEV)
+        got = torch.empty((n,), dtype=dtype, device=DEV)
+
+        def ring():
+            for q in [dist.isend(x, (R + 1) % W), dist.irecv(got, (R - 1) % W)]:
+                q.wait()
+
+        graph = graphed(ring)
+        for k in range(2):
+            fresh = data((n,), dtype, 240 + k)
+            x.copy_(fresh)
+            poison(got)
+            replayed(graph)
+            want = torch.empty((n,), dtype=dtype)
+            for q in [dist.isend(fresh.cpu(), (R + 1) % W, group=GLOO), dist.irecv(want, (R - 1) % W, group=GLOO)]:
+                q.wait()
+            same(f"graph send/recv {n} {dtype} replay {k}", got, want)
+
+    # uneven all_to_all agrees its chunk size on the host, dist.barrier blocks the host: capturing either
+    # is refused by name, with the fix
+    ins_split = [(R + r) % 3 + 1 for r in range(W)]
+    outs_split = [(r + R) % 3 + 1 for r in range(W)]
+    x = data((sum(ins_split), 2), torch.float32, 250)
+    out = torch.empty((sum(outs_split), 2), device=DEV)
+    dist.all_to_all_single(out, x, outs_split, ins_split)
+    torch.cuda.synchronize()
+
+    def refused(name, call, *words):
+        """Capturing call raises RuntimeError naming the op and the fix (words); the stream is usable after."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side), torch.cuda.graph(torch.cuda.CUDAGraph()):
+                call()
+            failures.append(f"{name} was captured")
+        except RuntimeError as e:
+            if not all(w in str(e) for w in words):
+                failures.append(f"{name} capture raised {e!r}")
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+    refused("uneven all_to_all_single", lambda: dist.all_to_all_single(out, x, outs_split, ins_split),
+            "all_to_all_single", "without split sizes")
+    refused("dist.barrier", dist.barrier, "barrier", "ccl.barrier()")
+    # the job goes on after the refusals: the same call runs eagerly
+    poison(out)
+    dist.all_to_all_single(out, x, outs_split, ins_split)
+    want = torch.empty((sum(outs_split), 2))
+    dist.all_to_all_single(want, x.cpu(), outs_split, ins_split, group=GLOO)
+    same("uneven all_to_all_single after the refused capture", out, want)
 
 for f in failures:
     print(f"rank {R}: FAIL {f}", flush=True)

@@ -23,7 +23,12 @@ What each rank must have done before the call, and what holds after it:
   gather) must be complete before the kernel starts (a barrier); stores into peers (all_gather)
   are complete after every rank's kernel has finished (a barrier).
 Sums are taken in rank order 0..world-1 in float32 for float16/bfloat16 (integers and float32 in
-their own type), so every rank gets the same bits; atomic and spinlock add in arrival order.
+their own type), this rank's term as the src dtype its peers read, so every rank gets the same bits;
+atomic and spinlock add in arrival order.
+
+The same bodies serve Triton's DeviceContext (rank and world constexprs: the loops over ranks unroll)
+and Gluon's IrisDeviceCtx (rank and world read from the context tensor when the kernel runs: the
+same steps in run-time loops; iris/gluon_tiles.py compiles them as Gluon).
 
 Every dtype of the host collectives (float32, bfloat16, float16, int32, int64) works; atomic adds of
 bfloat16 compile on GPUs only (Triton's interpreter has no bfloat16 atomic add). Peers are reached
@@ -70,23 +75,78 @@ def _tile_id(tile, view):
     return tile.pid_m * tl.cdiv(view.N, tile.block_n) + tile.pid_n
 
 
+@triton.constexpr_function
+def _unrolled(world):
+    # Triton's DeviceContext and Ranks hold the world size as a compile-time int: the loops over ranks
+    # unroll, so one peer's loads are in flight while the next is read. Gluon's IrisDeviceCtx reads it
+    # when the kernel runs: there the same steps run in a loop.
+    return isinstance(world, int)
+
+
+@triton.jit
+def _part(ctx, r, src, mask, locks, tile_id, WAIT: tl.constexpr):
+    """Rank r's tile at src (after its locks[tile_id] reads 1 where WAIT), widened."""
+    if WAIT:
+        wait(locks + tile_id, 1, ctx.rank, r, ctx.heap_bases, "eq", "acquire", "sys")
+        tl.debug_barrier()  # every thread's loads below come after the acquire
+    return _widen(load(src, ctx.rank, r, ctx.heap_bases, mask=mask, other=0))
+
+
+@triton.jit
+def _term(ctx, r, own, src, mask, locks, tile_id, WAIT: tl.constexpr):
+    """Rank r's term of the sum: this rank's own values (as src's dtype, what its peers read) where it
+    holds them, else r's tile read from src."""
+    if own is None:
+        part = _part(ctx, r, src, mask, locks, tile_id, WAIT)
+    elif r == ctx.rank:
+        part = _widen(own.to(src.dtype.element_ty))
+    else:
+        part = _part(ctx, r, src, mask, locks, tile_id, WAIT)
+    return part
+
+
 @triton.jit
 def _sum(ctx, own, src, mask, locks, tile_id, WAIT: tl.constexpr):
     """Every rank's tile at src (this rank's from own, the values it holds; own None: read src too)
     summed in rank order. WAIT: first wait for each peer's locks[tile_id] to read 1."""
-    for r in tl.static_range(ctx.world_size):
-        if r == ctx.rank and own is not None:
-            part = _widen(own)
-        else:
-            if WAIT:
-                wait(locks + tile_id, 1, ctx.rank, r, ctx.heap_bases, "eq", "acquire", "sys")
-                tl.debug_barrier()  # every thread's loads below come after the acquire
-            part = _widen(load(src, ctx.rank, r, ctx.heap_bases, mask=mask, other=0))
-        if r == 0:
-            acc = part
-        else:
-            acc = acc + part
+    acc = _term(ctx, 0, own, src, mask, locks, tile_id, WAIT)
+    if _unrolled(ctx.world_size):
+        for r in tl.static_range(1, ctx.world_size):
+            acc = acc + _term(ctx, r, own, src, mask, locks, tile_id, WAIT)
+    else:
+        for r in range(1, ctx.world_size):
+            acc = acc + _term(ctx, r, own, src, mask, locks, tile_id, WAIT)
     return acc
+
+
+@triton.jit
+def _into(ctx, OP: tl.constexpr, r, ptrs, data, mask, locks, tile_id):
+    """data into rank r's memory at ptrs: OP "add" (an atomic add), "locked_add" (read, add, write under
+    r's locks[tile_id]) or "store"."""
+    if OP == "add":
+        atomic_add(ptrs, data, ctx.rank, r, ctx.heap_bases, mask=mask, sem="relaxed", scope="sys")
+    elif OP == "locked_add":
+        held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
+        while held != 0:
+            held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
+        tl.debug_barrier()  # the whole program reads after the lock is taken ...
+        cur = load(ptrs, ctx.rank, r, ctx.heap_bases, mask=mask, other=0)
+        store(ptrs, (_widen(cur) + _widen(data)).to(ptrs.dtype.element_ty), ctx.rank, r, ctx.heap_bases, mask=mask)
+        tl.debug_barrier()  # ... and has written before it is released
+        atomic_xchg(locks + tile_id, 0, ctx.rank, r, ctx.heap_bases, sem="release", scope="sys")
+    else:
+        store(ptrs, data, ctx.rank, r, ctx.heap_bases, mask=mask)
+
+
+@triton.jit
+def _into_every_rank(ctx, OP: tl.constexpr, ptrs, data, mask, locks, tile_id):
+    """_into every rank, this rank first and then the next ones, so the ranks' writes spread over targets."""
+    if _unrolled(ctx.world_size):
+        for i in tl.static_range(ctx.world_size):
+            _into(ctx, OP, (ctx.rank + i) % ctx.world_size, ptrs, data, mask, locks, tile_id)
+    else:
+        for i in range(ctx.world_size):
+            _into(ctx, OP, (ctx.rank + i) % ctx.world_size, ptrs, data, mask, locks, tile_id)
 
 
 @triton.jit
@@ -96,9 +156,7 @@ def all_reduce_atomic(ctx, tile, dst_view):
     dst must be zero on every rank before any rank adds; the sum is complete after every rank's
     kernel has finished. Dtypes: those of iris.atomic_add (bfloat16 on GPUs only)."""
     ptrs, mask = dst_view.tile_ptr(tile)
-    for i in tl.static_range(ctx.world_size):
-        atomic_add(ptrs, tile.data, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=mask,
-                   sem="relaxed", scope="sys")
+    _into_every_rank(ctx, "add", ptrs, tile.data, mask, None, 0)
 
 
 @triton.jit
@@ -107,19 +165,8 @@ def all_reduce_spinlock(ctx, tile, dst_view, locks):
     (int32, zero when free): take it (compare-and-swap 0 -> 1, acquire, sys), read, add, write,
     release it (exchange to 0, release, sys). Any dtype; dst starts at zero on every rank, and the
     sum is complete after every rank's kernel has finished. Locks are free again afterwards."""
-    tile_id = _tile_id(tile, dst_view)
     ptrs, mask = dst_view.tile_ptr(tile)
-    for i in tl.static_range(ctx.world_size):
-        r = (ctx.rank + i) % ctx.world_size
-        held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
-        while held != 0:
-            held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
-        tl.debug_barrier()  # the whole program reads after the lock is taken ...
-        cur = load(ptrs, ctx.rank, r, ctx.heap_bases, mask=mask, other=0)
-        new = (_widen(cur) + _widen(tile.data)).to(ptrs.dtype.element_ty)
-        store(ptrs, new, ctx.rank, r, ctx.heap_bases, mask=mask)
-        tl.debug_barrier()  # ... and has written before it is released
-        atomic_xchg(locks + tile_id, 0, ctx.rank, r, ctx.heap_bases, sem="release", scope="sys")
+    _into_every_rank(ctx, "locked_add", ptrs, tile.data, mask, locks, _tile_id(tile, dst_view))
 
 
 @triton.jit
@@ -141,8 +188,7 @@ def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks):
         src, mask = src_view.tile_ptr(tile)
         dst, dst_mask = dst_view.tile_ptr(tile)
         out = _sum(ctx, tile.data, src, mask, locks, tile_id, True).to(dst.dtype.element_ty)
-        for i in tl.static_range(ctx.world_size):
-            store(dst, out, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=dst_mask)
+        _into_every_rank(ctx, "store", dst, out, dst_mask, None, 0)
 
 
 @triton.jit
@@ -190,8 +236,7 @@ def all_gather(ctx, tile, dst_view, dim: tl.constexpr):
         local_n = dst_view.N // ctx.world_size
         mine = (rows[:, None] < dst_view.M) & (cols[None, :] < local_n)
         ptrs, mask = dst_view.tile_ptr_from_indices(rows, cols + local_n * ctx.rank)
-    for i in tl.static_range(ctx.world_size):
-        store(ptrs, tile.data, ctx.rank, (ctx.rank + i) % ctx.world_size, ctx.heap_bases, mask=mine & mask)
+    _into_every_rank(ctx, "store", ptrs, tile.data, mine & mask, None, 0)
 
 
 @triton.jit
@@ -199,6 +244,15 @@ def gather(ctx, tile, src_view, source_rank, hint: tl.constexpr = None):
     """source_rank's values of the tile in src_view (0 outside the view); hint: as iris.load's."""
     ptrs, mask = src_view.tile_ptr(tile)
     return load(ptrs, ctx.rank, source_rank, ctx.heap_bases, mask=mask, other=0, hint=hint)
+
+
+@triton.jit
+def _chunk_from(ctx, s, first, last, owner, src, dst, mask):
+    """all_to_all's columns of dst owned by rank s (owner == s), read from s's src, where the tile
+    holds any (first <= s <= last)."""
+    if (s >= first) & (s <= last):
+        mask = mask & (owner[None, :] == s)
+        tl.store(dst, load(src, ctx.rank, s, ctx.heap_bases, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -213,7 +267,9 @@ def all_to_all(ctx, tile, src_view, dst_view, n_per_rank):
     src, src_mask = src_view.tile_ptr_from_indices(rows, cols - owner * n_per_rank + n_per_rank * ctx.rank)
     first = (tile.pid_n * tile.block_n) // n_per_rank
     last = (tile.pid_n * tile.block_n + tile.block_n - 1) // n_per_rank
-    for s in tl.static_range(ctx.world_size):
-        if (s >= first) & (s <= last):
-            mask = dst_mask & src_mask & (owner[None, :] == s)
-            tl.store(dst, load(src, ctx.rank, s, ctx.heap_bases, mask=mask), mask=mask)
+    if _unrolled(ctx.world_size):
+        for s in tl.static_range(ctx.world_size):
+            _chunk_from(ctx, s, first, last, owner, src, dst, dst_mask & src_mask)
+    else:
+        for s in range(ctx.world_size):
+            _chunk_from(ctx, s, first, last, owner, src, dst, dst_mask & src_mask)

@@ -36,7 +36,7 @@ def _tile_indices(tile):
 @triton.jit
 def _tile_layout(tile, M, N):
     """(rows, cols, mask) of the tile in an M x N tensor."""
-    rows, cols = _tile_indices(tile)
+    rows, cols = tile.indices()  # the tile's own: Gluon's tiles place them in their layout
     return rows, cols, (rows[:, None] < M) & (cols[None, :] < N)
 
 

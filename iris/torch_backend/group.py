@@ -1,10 +1,12 @@
 """IrisGroup: a torch.distributed ProcessGroup whose collectives are ctx.ccl's calls.
 
 Every call is collective as torch's are: all ranks of the group, same order, same sizes. Calls are
-ordered on the current stream (ctx.ccl launches there) and return a Work whose wait() orders the
-waiting stream after them, as NCCL's does. A tensor on the heap (contiguous, of a dtype ctx.ccl
-moves) is handed to ctx.ccl as it is; any other is copied into the group's staging area, a prefix of
-it rounded up to a power-of-two size class, so ctx.ccl sees one shape per class and reuses its plan.
+ordered on the current stream (ctx.ccl launches there); one that asks for a Work (async_op, or any
+call from torch's C++ side) gets one whose wait() orders the waiting stream after it, as NCCL's does,
+and one that does not gets None, which torch's dist.X takes as done. A tensor on the heap
+(contiguous, of a dtype ctx.ccl moves) is handed to ctx.ccl as it is; any other is copied into the
+group's staging area, a prefix of it rounded up to a power-of-two size class, so ctx.ccl sees one
+shape per class and reuses its plan.
 The staging area and the send/recv mailbox are allocated once, with the first group of a context:
 heap allocation is collective over the whole context, and a sub-group's call runs on its members only.
 """
@@ -23,8 +25,10 @@ from ..distributed.bootstrap import from_store
 from . import NAME, Options, heap_size_setting
 
 _CCL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64)  # ctx.ccl reduces these
+_WORDS = (torch.float32, torch.int32)  # dtypes ctx.ccl's copies take as they are (others: viewed as int32)
 _MIN_CLASS = 4096  # bytes: the smallest staging size class
 _R = dist.ReduceOp.RedOpType
+_SUM = _R.SUM  # opts.reduceOp == _SUM is the cheapest test of the common op (no .op, no hashing)
 # keyed by the enum's int value: hashing torch's enum object costs a microsecond per call
 _OPS = {_R.SUM.value: "sum", _R.AVG.value: "avg", _R.MAX.value: "max", _R.MIN.value: "min", _R.PRODUCT.value: "product",
         _R.BAND.value: "band", _R.BOR.value: "bor", _R.BXOR.value: "bxor"}
@@ -117,12 +121,33 @@ def _flat(t):
 
 def _words(t):
     """t's bytes as int32 words, one dimension, for a copy (ctx.ccl moves int32 and float32 words alike)."""
-    t = _flat(t)
-    return t if t.dtype == torch.int32 or t.dtype == torch.float32 else t.view(torch.int32)
+    if t.dim() != 1:
+        t = t.view(-1)
+    return t if t.dtype in _WORDS else t.view(torch.int32)
 
 
 def _cls(nbytes: int) -> int:
     return max(_MIN_CLASS, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+class _Rows:
+    """Per heap tensor, its bytes as one row of int32 words (1, nbytes / 4), the view all_to_all hands
+    ctx.ccl, made once: two views cost about two microseconds per call. An entry is dropped with its
+    tensor, and made again where the tensor's storage moved."""
+
+    def __init__(self):
+        self._by_id = {}
+
+    def of(self, t):
+        entry = self._by_id.get(id(t))
+        if entry is not None:
+            ref, row = entry
+            if ref() is t and row.data_ptr() == t.data_ptr() and row.nbytes == t.nbytes:
+                return row
+        row = t.view(1, -1).view(torch.int32)
+        key = id(t)
+        self._by_id[key] = (weakref.ref(t, lambda _, key=key, table=self._by_id: table.pop(key, None)), row)
+        return row
 
 
 class _Work(dist.Work):
@@ -173,10 +198,12 @@ class IrisGroup(dist.ProcessGroup):
         self._ccl_group = None if members == list(range(ctx.world)) else members
         self._members = members
         self._device = ctx.get_device()
+        self._ccl = ctx.ccl  # the context's one CCL object (ctx.ccl is a property)
         self._lo = ctx.heap.bases[ctx.rank]
         self._hi = self._lo + ctx.heap.size
         self._cuda = self._device.type == "cuda"
         self._queued = []  # sends not yet made (see _p2p)
+        self._rows = _Rows()
         self._spare = None  # the last Work handed out (see _work)
 
     # -- identity --------------------------------------------------------
@@ -197,9 +224,16 @@ class IrisGroup(dist.ProcessGroup):
         return f"IrisGroup(rank {self._r} of {self._w}, context ranks {self._members})"
 
     # -- helpers ---------------------------------------------------------
+    def _done(self, opts, result):
+        """What a collective returns: its Work where the caller keeps one (async_op=True, and every call
+        from C++: DDP's hooks, functional collectives, whose options say async), else None. The call
+        is already ordered on the current stream, which is all that waiting on it would give, and
+        torch's dist.X skips wait() when a backend returns None."""
+        return self._work(result) if opts is None or opts.asyncOp else None
+
     def _work(self, result, block=False, flush=None):
         """The call's Work. Making one through torch's binding costs microseconds, so the last one is
-        reused once nobody holds it any more (torch drops it when a call without async_op returns)."""
+        reused once nobody holds it any more (its caller waited on it and let it go)."""
         w = self._spare
         if w is None or sys.getrefcount(w) > 3:  # 3: this attribute, w, getrefcount's argument
             w = self._spare = _Work()
@@ -217,7 +251,7 @@ class IrisGroup(dist.ProcessGroup):
         """A coalesced form: call(output, input, opts) per pair, in order."""
         for o, i in zip(outputs, inputs):
             call(o, i, opts)
-        return self._work(outputs)
+        return self._done(opts, outputs)
 
     def _stage(self, call, *sizes):
         """Consecutive byte views of the staging area, each of the given size (size-class multiples)."""
@@ -232,11 +266,10 @@ class IrisGroup(dist.ProcessGroup):
             at += n
         return out
 
-    def _global(self, group_rank: int) -> int:
-        return self._members[group_rank]
-
     @staticmethod
     def _op(call, reduce_op) -> str:
+        if reduce_op == _SUM:
+            return "sum"
         kind = getattr(reduce_op, "op", reduce_op)
         name = _OPS.get(getattr(kind, "value", None))
         if name is None:
@@ -258,17 +291,17 @@ class IrisGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if self._queued:
             self._flush()
-        op = self._op("all_reduce", opts.reduceOp)
-        if op == "sum" and len(tensors) == 1 and self._w > 1:  # the common call, checks inlined
+        red = opts.reduceOp
+        if red == _SUM and len(tensors) == 1 and self._w > 1:  # the common call, checks inlined
             t = tensors[0]
             p = t.data_ptr()
-            if (t.dtype in _CCL_DTYPES and self._lo <= p and p + t.nbytes <= self._hi and t.is_contiguous()
-                    and t.numel()):
-                self.ctx.ccl.all_reduce(t, t, op=ReduceOp.SUM, group=self._ccl_group)
-                return self._work(tensors)
+            if self._lo <= p < p + t.nbytes <= self._hi and t.dtype in _CCL_DTYPES and t.is_contiguous():
+                self._ccl.all_reduce(t, t, op=ReduceOp.SUM, group=self._ccl_group)
+                return self._work(tensors) if opts.asyncOp else None
+        op = self._op("all_reduce", red)
         for t in tensors:
             self._all_reduce(t, op)
-        return self._work(tensors)
+        return self._done(opts, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         self._flush()
@@ -283,12 +316,12 @@ class IrisGroup(dist.ProcessGroup):
             self._reduced_by_gather(t, op, call)
             return
         if self._direct(t):  # any shape: a new view per call would defeat ctx.ccl's repeat-call fast path
-            self.ctx.ccl.all_reduce(t, t, op=_ON_CCL[op], group=self._ccl_group)
+            self._ccl.all_reduce(t, t, op=_ON_CCL[op], group=self._ccl_group)
         else:
             (s,) = self._stage(call, _cls(t.nbytes))
             s = s.view(t.dtype)
             s[:t.numel()].view(t.shape).copy_(t)
-            self.ctx.ccl.all_reduce(s, s, op=_ON_CCL[op], group=self._ccl_group)
+            self._ccl.all_reduce(s, s, op=_ON_CCL[op], group=self._ccl_group)
             t.copy_(s[:t.numel()].view(t.shape))
         if op == "avg":
             t.div_(self._w)
@@ -306,7 +339,7 @@ class IrisGroup(dist.ProcessGroup):
         c, w = _cls(t.nbytes), self._w
         s_in, s_out = self._stage(call, c, w * c)
         _like(s_in, t).copy_(t)
-        self.ctx.ccl.all_gather(s_out.view(torch.int32), s_in.view(torch.int32), group=self._ccl_group)
+        self._ccl.all_gather(s_out.view(torch.int32), s_in.view(torch.int32), group=self._ccl_group)
         return s_out.view(w, c)
 
     # -- all_gather --------------------------------------------------------
@@ -318,21 +351,24 @@ class IrisGroup(dist.ProcessGroup):
             rows = self._gathered_bytes(t, "all_gather")
             for o, r in zip(outs, rows):
                 o.copy_(_like(r, t))
-        return self._work(output_tensors)
+        return self._done(opts, output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
         if self._queued:
             self._flush()
-        w, n = self._w, input.numel()
-        if output.numel() != w * n or output.dtype != input.dtype:
-            raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {n} elements of "
-                                                    f"{input.dtype}; got {output.numel()} of {output.dtype}")
-        if n and input.nbytes % 4 == 0 and self._direct(output) and self._direct(input):
-            self.ctx.ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
-        elif n:
+        w, nb, dtype = self._w, input.nbytes, input.dtype
+        if output.nbytes != w * nb or output.dtype != dtype:
+            raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {input.numel()} elements of "
+                                                    f"{dtype}; got {output.numel()} of {output.dtype}")
+        if nb % 4 == 0 and nb and self._direct(output) and self._direct(input):
+            if dtype in _WORDS and input.dim() == 1 == output.dim():  # words already: no helper calls
+                self._ccl.all_gather(output, input, group=self._ccl_group)
+            else:
+                self._ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
+        elif nb:
             rows = self._gathered_bytes(input, "all_gather_into_tensor")
             output.view(w, -1).copy_(rows[:, :input.nbytes].view(input.dtype).view(w, -1))
-        return self._work([output])
+        return self._done(opts, [output])
 
     _allgather_base = all_gather_single
 
@@ -350,14 +386,20 @@ class IrisGroup(dist.ProcessGroup):
             rows = self._gathered_bytes(t, "all_gather_coalesced")
             for outs, r in zip(output_lists, rows):
                 outs[i].copy_(_like(r, t).view(outs[i].shape))
-        return self._work(output_lists)
+        return self._done(opts, output_lists)
 
     # -- reduce_scatter ----------------------------------------------------
     def reduce_scatter_single(self, output, input, opts=None):
         if self._queued:
             self._flush()
-        call, w = "reduce_scatter_tensor", self._w
-        op = self._op(call, opts.reduceOp)
+        call, w, red = "reduce_scatter_tensor", self._w, opts.reduceOp
+        if red == _SUM and w > 1:  # the common call, checks inlined
+            nb, dtype = output.nbytes, output.dtype
+            if (input.nbytes == w * nb and nb and input.dtype == dtype and dtype in _CCL_DTYPES
+                    and self._direct(output) and self._direct(input)):
+                self._ccl.reduce_scatter(_flat(output), _flat(input), op=ReduceOp.SUM, group=self._ccl_group)
+                return self._work([output]) if opts.asyncOp else None
+        op = self._op(call, red)
         if op != "sum":
             self._check_op(call, op, output)
         n = output.numel()
@@ -365,7 +407,7 @@ class IrisGroup(dist.ProcessGroup):
             raise _refuse(call, f"input must hold {w} x output's {n} elements of {output.dtype}; got "
                                 f"{input.numel()} of {input.dtype}")
         if n == 0:
-            return self._work([output])
+            return self._done(opts, [output])
         if w == 1:
             output.copy_(input.view(output.shape))
         elif not self._on_ccl(op, output):
@@ -373,18 +415,18 @@ class IrisGroup(dist.ProcessGroup):
             self._reduced_by_gather(whole, "sum" if op == "avg" else op, call)
             output.copy_(whole.view(w, -1)[self._r].view(output.shape))
         elif self._direct(output) and self._direct(input):
-            self.ctx.ccl.reduce_scatter(_flat(output), _flat(input), op=_ON_CCL[op], group=self._ccl_group)
+            self._ccl.reduce_scatter(_flat(output), _flat(input), op=_ON_CCL[op], group=self._ccl_group)
         else:
             c = _cls(output.nbytes)
             s_in, s_out = self._stage(call, w * c, c)
             rows = s_in.view(w, c)[:, :output.nbytes].view(output.dtype)
             rows.copy_(input.reshape(w, n))
-            self.ctx.ccl.reduce_scatter(s_out.view(output.dtype), s_in.view(output.dtype), op=_ON_CCL[op],
+            self._ccl.reduce_scatter(s_out.view(output.dtype), s_in.view(output.dtype), op=_ON_CCL[op],
                                         group=self._ccl_group)
             output.copy_(s_out[:output.nbytes].view(output.dtype).view(output.shape))
         if op == "avg":
             output.div_(w)
-        return self._work([output])
+        return self._done(opts, [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -395,7 +437,7 @@ class IrisGroup(dist.ProcessGroup):
                 raise _refuse("reduce_scatter", f"needs {self._w} input tensors, got {len(ins)}")
             whole = torch.stack([i.reshape(o.shape) for i in ins])
             self.reduce_scatter_single(o, whole, opts)
-        return self._work(output_tensors)
+        return self._done(opts, output_tensors)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         return self._each(self.reduce_scatter_single, outputs, inputs, opts)
@@ -404,25 +446,27 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- all_to_all --------------------------------------------------------
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        self._flush()
-        call, w = "all_to_all_single", self._w
+        if self._queued:
+            self._flush()
+        call, w, nb = "all_to_all_single", self._w, input.nbytes
+        if (not output_split_sizes and not input_split_sizes and nb and nb % (4 * w) == 0  # the common call
+                and output.nbytes == nb and output.dtype == input.dtype and input.numel() % w == 0
+                and self._direct(output) and self._direct(input)):
+            self._ccl.all_to_all(self._rows.of(output), self._rows.of(input), group=self._ccl_group)
+            return self._work([output]) if opts is None or opts.asyncOp else None
         if output.dtype != input.dtype:
             raise _refuse(call, f"output is {output.dtype} but input is {input.dtype}; they must match")
         if not output_split_sizes and not input_split_sizes:
             if input.numel() % w or output.numel() != input.numel():
                 raise _refuse(call, f"equal splits need input and output of the same size, a multiple of {w}; "
                                     f"got {input.numel()} and {output.numel()} elements")
-            if (self._direct(output) and self._direct(input) and input.nbytes % (4 * w) == 0 and input.numel()):
-                self.ctx.ccl.all_to_all(output.view(1, -1).view(torch.int32), input.view(1, -1).view(torch.int32),
-                                        group=self._ccl_group)
-                return self._work([output])
             ins, outs = list(input.reshape(w, -1)), list(output.view(w, -1))
             self._exchange(call, ins, outs, even=True)
         else:
             ins = self._split(call, "input", input, input_split_sizes)
             outs = self._split(call, "output", output, output_split_sizes)
             self._exchange(call, ins, outs, even=False)
-        return self._work([output])
+        return self._done(opts, [output])
 
     alltoall_base = all_to_all_single
 
@@ -432,7 +476,7 @@ class IrisGroup(dist.ProcessGroup):
             raise _refuse("all_to_all", f"needs {self._w} input and output tensors, got "
                                         f"{len(input_tensors)} and {len(output_tensors)}")
         self._exchange("all_to_all", list(input_tensors), list(output_tensors), even=False)
-        return self._work(output_tensors)
+        return self._done(opts, output_tensors)
 
     def _split(self, call, name, t, sizes):
         w = self._w
@@ -450,12 +494,16 @@ class IrisGroup(dist.ProcessGroup):
         for i, o in zip(ins, outs):
             if i.dtype != o.dtype:
                 raise _refuse(call, f"input is {i.dtype} but output is {o.dtype}; they must match")
+        if not even and self._cuda and torch.cuda.is_current_stream_capturing():
+            raise _refuse(call, "with split sizes (or a list of tensors) agrees the largest chunk on the host, "
+                                "which a CUDA graph cannot capture; capture all_to_all_single without split "
+                                "sizes (equal chunks: pad them to one size), or make this call outside the graph")
         most = max(t.nbytes for t in ins + outs)
         if not even:
             (m,) = self._stage(call, _MIN_CLASS)
             m = m.view(torch.int64)[:1]
             m.fill_(most)
-            self.ctx.ccl.all_reduce(m, m, op=ReduceOp.MAX, group=self._ccl_group)
+            self._ccl.all_reduce(m, m, op=ReduceOp.MAX, group=self._ccl_group)
             most = int(m.item())
         c = _cls(most)
         s_in, s_out = self._stage(call, w * c, w * c)
@@ -463,7 +511,7 @@ class IrisGroup(dist.ProcessGroup):
         for r, t in enumerate(ins):
             if t.numel():
                 _like(rows_in[r], t).copy_(t)
-        self.ctx.ccl.all_to_all(s_out.view(torch.int32).view(1, -1), s_in.view(torch.int32).view(1, -1),
+        self._ccl.all_to_all(s_out.view(torch.int32).view(1, -1), s_in.view(torch.int32).view(1, -1),
                                 group=self._ccl_group)
         for r, t in enumerate(outs):
             if t.numel():
@@ -471,46 +519,54 @@ class IrisGroup(dist.ProcessGroup):
 
     # -- rooted --------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
-        self._flush()
-        src = self._global(opts.rootRank)
+        if self._queued:
+            self._flush()
+        root = opts.rootRank
+        src = self._members[root]
         for t in tensors:
-            if t.numel() == 0 or self._w == 1:
+            nb = t.nbytes
+            if nb == 0 or self._w == 1:
                 continue
-            if self._direct(t) and t.nbytes % 4 == 0:
-                flat = t.view(-1).view(torch.int32)
-                self.ctx.ccl.broadcast(flat, flat, src=src, group=self._ccl_group)
+            if nb % 4 == 0 and self._direct(t):
+                flat = _words(t)
+                self._ccl.broadcast(flat, flat, src=src, group=self._ccl_group)
                 continue
             (s,) = self._stage("broadcast", _cls(t.nbytes))
-            if self._r == opts.rootRank:
+            if self._r == root:
                 _like(s, t).copy_(t)
             w = s.view(torch.int32)
-            self.ctx.ccl.broadcast(w, w, src=src, group=self._ccl_group)
-            if self._r != opts.rootRank:
+            self._ccl.broadcast(w, w, src=src, group=self._ccl_group)
+            if self._r != root:
                 t.copy_(_like(s, t))
-        return self._work(tensors)
+        return self._done(opts, tensors)
 
     def reduce(self, tensors, opts=None):
-        self._flush()
+        if self._queued:
+            self._flush()
         call = "reduce"
         op = self._op(call, opts.reduceOp)
         root = opts.rootRank
         for t in tensors:
-            self._check_op(call, op, t)
-            if t.numel() == 0 or self._w == 1:
+            if op != "sum":
+                self._check_op(call, op, t)
+            if t.nbytes == 0 or self._w == 1:
                 continue
             if not self._on_ccl(op, t):
                 self._reduced_by_gather(t, op, call)
                 continue
-            c = _cls(t.nbytes)
-            s_in, s_out = self._stage(call, c, c)
-            s_in, s_out = s_in.view(t.dtype), s_out.view(t.dtype)
-            s_in[:t.numel()].view(t.shape).copy_(t)
-            self.ctx.ccl.reduce(s_out, s_in, dst=root, op=_ON_CCL[op], group=self._ccl_group)
-            if self._r == root:
-                t.copy_(s_out[:t.numel()].view(t.shape))
-                if op == "avg":
-                    t.div_(self._w)
-        return self._work(tensors)
+            if self._direct(t):  # in place: the root reads every member's t where it is
+                self._ccl.reduce(t, t, dst=root, op=_ON_CCL[op], group=self._ccl_group)
+            else:
+                c = _cls(t.nbytes)
+                s_in, s_out = self._stage(call, c, c)
+                s_in, s_out = s_in.view(t.dtype), s_out.view(t.dtype)
+                s_in[:t.numel()].view(t.shape).copy_(t)
+                self._ccl.reduce(s_out, s_in, dst=root, op=_ON_CCL[op], group=self._ccl_group)
+                if self._r == root:
+                    t.copy_(s_out[:t.numel()].view(t.shape))
+            if self._r == root and op == "avg":
+                t.div_(self._w)
+        return self._done(opts, tensors)
 
     def _root_list(self, call, lists, root, what) -> None:
         if self._r == root and (len(lists) != 1 or len(lists[0]) != self._w):
@@ -525,11 +581,11 @@ class IrisGroup(dist.ProcessGroup):
             c = _cls(t.nbytes)
             s_in, s_out = self._stage(call, c, w * c)
             _like(s_in, t).copy_(t)
-            self.ctx.ccl.gather(s_out.view(torch.int32), s_in.view(torch.int32), dst=root, group=self._ccl_group)
+            self._ccl.gather(s_out.view(torch.int32), s_in.view(torch.int32), dst=root, group=self._ccl_group)
             if self._r == root:
                 for o, r in zip(output_tensors[0], s_out.view(w, c)):
                     o.copy_(_like(r, t).view(o.shape))
-        return self._work(output_tensors)
+        return self._done(opts, output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         self._flush()
@@ -542,9 +598,9 @@ class IrisGroup(dist.ProcessGroup):
             if self._r == root:
                 for i, r in zip(input_tensors[0], s_in.view(w, c)):
                     _like(r, t).copy_(i)
-            self.ctx.ccl.scatter(s_out.view(torch.int32), s_in.view(torch.int32), src=root, group=self._ccl_group)
+            self._ccl.scatter(s_out.view(torch.int32), s_in.view(torch.int32), src=root, group=self._ccl_group)
             t.copy_(_like(s_out, t))
-        return self._work(output_tensors)
+        return self._done(opts, output_tensors)
 
     # -- point to point ------------------------------------------------------
     def send(self, tensors, dstRank, tag=0):
@@ -588,7 +644,7 @@ class IrisGroup(dist.ProcessGroup):
                 if sending:
                     copy.copy_(t)
             jobs.append((sending, t, peer, words, copy))
-        box, step, ccl = self._shared.mailbox, self._shared.words, self.ctx.ccl
+        box, step, ccl = self._shared.mailbox, self._shared.words, self._ccl
         pieces = max((j[3].numel() for j in jobs), default=0)
         for at in range(0, pieces, step):
             for sending in (True, False):
@@ -603,8 +659,12 @@ class IrisGroup(dist.ProcessGroup):
     # -- synchronisation -----------------------------------------------------
     def barrier(self, opts=None):
         """Every member meets on the device, then (at wait(), as NCCL's barrier) the host waits for it."""
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise _refuse("barrier", "blocks the host until every member has reached it, which a CUDA graph cannot "
+                                     "capture; inside the graph call iris.torch_backend.context().ccl.barrier() (a "
+                                     "device barrier), or call dist.barrier() outside it")
         self._flush()
-        self.ctx.ccl.barrier(group=self._ccl_group)
+        self._ccl.barrier(group=self._ccl_group)
         return self._work([], block=True)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
