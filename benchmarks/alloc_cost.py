@@ -24,7 +24,8 @@ and the bytes mapped (the heap's high-water), growths and host collectives per i
 group's own count), and the medians of the allocation's cost and of
 torch.empty + del of the same size, timed in alternating batches in the same run (tp_step: the
 empty + free of each step, timed alone). No ctx.collect() anywhere: a freed block must come back
-by itself. Writes alloc_cost_reuse-<host|gpu>-<N>ranks.json.
+by itself. First, control rows (see controls()): the torch work the pair cannot skip and, with
+peers, the progress counters alone. Writes alloc_cost_reuse-<host|gpu>-<N>ranks.json.
 """
 import argparse
 import functools
@@ -38,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import init_torch_distributed, write_result  # noqa: E402
+from common import batched as _batched, init_torch_distributed, write_result  # noqa: E402
 
 import iris  # noqa: E402
 from iris.allocators import ALLOCATORS  # noqa: E402
@@ -199,17 +200,6 @@ def _print_sweep(rows):
               f"{r['ratio_with_collect_per_batch']:13.2f}")
 
 
-def _batched(fn, reps, batch):
-    """Per-call seconds of fn, one median over batches of `batch` calls."""
-    clock, out = time.perf_counter, []
-    for _ in range(max(1, reps // batch)):
-        t0 = clock()
-        for _ in range(batch):
-            fn()
-        out.append((clock() - t0) / batch)
-    return out
-
-
 def reuse_loop(ctx, loop, nbytes, reps, tp_steps, batch=25):
     """One loop on one heap: the row described in the module docstring."""
     dev, offsets = ctx.get_device(), set()
@@ -276,8 +266,71 @@ def reuse_loop(ctx, loop, nbytes, reps, tp_steps, batch=25):
             "ratio_to_torch": statistics.median(ours) / statistics.median(ref)}
 
 
+def controls(ctx, reps, batch=25):
+    """Rows that say what part of the pair's cost is not bookkeeping, timed like the loops, against
+    torch.empty + del in alternating batches: "floor: tensor ops" is the torch work the usual pair
+    does and cannot skip (ctx.free's t.detach() that the next ctx.empty hands out, and the swap that
+    detaches t); "floor: view + owner" is what a tensor dropped before its free costs instead (the
+    scope loop's: a new view over the block, carrying the Owner that queues it); "floor: counters" (peers only) is the progress
+    counters' part alone, a free's counter write and a reuse's wait for the peers, with no
+    allocation: on GPUs two driver calls, on the host the ranks' lockstep (a reuse waits until every
+    peer has passed its matching free, which on the host means its program got there)."""
+    from iris.heap.lifetime import FreedTensor
+    dev = ctx.get_device()
+    n = 4096 // 4
+    base = torch.empty(n, dtype=torch.float32, device=dev)
+    dead = torch.empty(0, dtype=torch.float32, device=dev)
+
+    def tensor_ops():
+        t = base.detach()
+        kept = t.detach()
+        t.data = dead
+        t.__class__ = FreedTensor
+        return kept
+
+    def reference():
+        t = torch.empty(n, dtype=torch.float32, device=dev)
+        del t
+
+    from iris.heap.lifetime import Block, Owner
+    heap = ctx.heap
+    gone = Block(0, 4096, -1)
+    gone.freed = True  # its owners' end is counted like a freed block's: no garbage queued
+
+    def view_owner():  # what a tensor dropped before its free costs: a view and its Owner, made and gone
+        heap._view(heap._base, (n,), torch.float32, dev, Owner(heap, gone), 4096)
+
+    cases = {"floor: tensor ops": tensor_ops, "floor: view + owner": view_owner}
+    progress = ctx.heap.progress
+    if progress is not None and progress.peers:
+        def counters():
+            if progress.epoch > progress.done:
+                progress.wait(progress.epoch, 0, 0)
+            progress.passed()
+        cases["floor: counters"] = counters
+    rows = []
+    ctx.barrier()
+    for name, fn in cases.items():
+        ours, ref = [], []
+        for _ in range(3):
+            ours += _batched(fn, reps, batch)
+            ref += _batched(reference, reps, batch)
+        ctx.barrier()
+        rows.append({"allocator": "-", "loop": name, "bytes": 4096, "iterations": 3 * max(1, reps // batch) * batch,
+                     "iris_median_us": 1e6 * statistics.median(ours),
+                     "torch_empty_del_median_us": 1e6 * statistics.median(ref),
+                     "ratio_to_torch": statistics.median(ours) / statistics.median(ref)})
+        if ctx.get_rank() == 0:
+            r = rows[-1]
+            print(f"{name:>20} iris={r['iris_median_us']:.2f}us torch={r['torch_empty_del_median_us']:.2f}us "
+                  f"ratio={r['ratio_to_torch']:.2f}", flush=True)
+    return rows
+
+
 def reuse(args):
     rows = []
+    with iris.iris(heap_size=256 << 20, allocator=args.allocators.split(",")[0]) as ctx:
+        rows += controls(ctx, args.reps)
     for allocator in args.allocators.split(","):
         for nbytes in args.sizes:
             heap = max(256 << 20, 4 * nbytes)

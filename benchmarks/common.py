@@ -74,6 +74,18 @@ def write_result(name: str, payload: dict, out: str | None = None) -> str:
     return path
 
 
+def batched(fn, reps: int, batch: int = 25) -> list:
+    """Per-call seconds of fn, one figure per batch of `batch` calls (so the timer's own cost is
+    spread over the batch instead of added to each call)."""
+    clock, out = time.perf_counter, []
+    for _ in range(max(1, reps // batch)):
+        t0 = clock()
+        for _ in range(batch):
+            fn()
+        out.append((clock() - t0) / batch)
+    return out
+
+
 def sync(dev) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from contextlib import contextmanager
 from functools import cached_property
 from numbers import Number
 from typing import Optional
@@ -363,16 +362,12 @@ class Iris:
         """Whether t is a heap view that aliases memory imported by as_symmetric."""
         return self.heap.as_symmetric.is_zero_copy(t)
 
-    @contextmanager
-    def scope(self):
-        """Frees, at exit, every block the factories allocated inside that is still live, newest
-        last, whether or not tensors over it remain. Collective: all ranks."""
-        mark = self.heap.next_serial()
-        try:
-            yield self
-        finally:
-            for offset in self.heap.offsets_since(mark):
-                self.heap.free(offset)
+    def scope(self) -> "Scope":
+        """A context manager that frees, at exit, every block the factories allocated inside that is
+        still live, newest last, whether or not tensors over it remain: the tensors the factories
+        returned inside that are still alive are detached as ctx.free detaches them (any use
+        raises). Collective: all ranks."""
+        return Scope(self)
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
@@ -424,6 +419,22 @@ class Iris:
         from .device.sync import barrier_kernel
         barrier_kernel[(1,)](self.reserve.barrier_flags, self.rank, self.world, self.heap.heap_bases,
                              BLOCK=max(2, 1 << (self.world - 1).bit_length()), num_warps=1)
+
+
+class Scope:
+    """ctx.scope(): entering marks the heap; exit frees what was allocated since (heap.close_scope)."""
+
+    __slots__ = ("ctx", "mark")
+
+    def __init__(self, ctx: Iris):
+        self.ctx, self.mark = ctx, None
+
+    def __enter__(self) -> Iris:
+        self.mark = self.ctx.heap.open_scope()
+        return self.ctx
+
+    def __exit__(self, *exc) -> None:
+        self.ctx.heap.close_scope(self.mark)
 
 
 def iris(heap_size: int = 1 << 30, allocator: Optional[str] = None, platform: Optional[str] = None,

@@ -10,6 +10,7 @@ from .errors import ContextClosed
 _PYTHON_TYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}  # as torch
 _QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 MAX_BYTES = (1 << 63) - 1
+_DTYPE = torch.dtype
 _CHECKED = {}  # torch.dtype that dtype_of accepted -> its itemsize (so plain_request skips the checks)
 
 
@@ -58,14 +59,14 @@ def plain_request(size, dtype):
         size = (size,)
     if dtype is None:
         dtype = torch.get_default_dtype()
-    n = _CHECKED.get(dtype) if type(dtype) is torch.dtype else None
+    n = _CHECKED.get(dtype) if type(dtype) is _DTYPE else None
     if n is None:
         return None
     for s in size:
         if type(s) is not int or not 0 <= s < 1 << 63:
             return None
         n *= s
-    return (size, dtype, n) if n <= MAX_BYTES else None
+    return (size, dtype, n) if n < 1 << 63 else None  # n <= MAX_BYTES, a constant here
 
 
 def heap_tensor(t, call: str) -> torch.Tensor:

@@ -144,12 +144,17 @@ def test_explicit_free_and_scope_mix_with_gc():
         assert state == out[0][2]
 
 
-def rank_use_after_close(allocator):
+def _second_context(allocator):
+    """(a context that stays open, this process's fds and mappings with it alone, a second context):
+    what the second one leaves behind after its close is measured against the first's usage."""
     ctx = iris.iris(heap_size=1 << 22, allocator=allocator)
     ctx.barrier()
     gc.collect()
-    base = _usage()
-    ctx2 = iris.iris(heap_size=1 << 22, allocator=allocator)
+    return ctx, _usage(), iris.iris(heap_size=1 << 22, allocator=allocator)
+
+
+def rank_use_after_close(allocator):
+    ctx, base, ctx2 = _second_context(allocator)
     r, w = ctx2.get_rank(), ctx2.get_num_ranks()
     x = ctx2.full((1 << 16,), float(r + 1))
     row = x.view(256, 256)[3]
@@ -726,3 +731,112 @@ def test_a_freed_tensor_reaches_no_memory_and_any_use_raises():
         with pytest.raises(ValueError, match="freed already"):
             ctx.free(x)
         assert bool((y == 2.0).all())
+
+
+# -- the tensor ctx.free keeps with its block ---------------------------------------------------
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_a_freed_block_comes_back_with_a_fresh_tensor_of_the_asked_shape(allocator):
+    """ctx.free keeps a tensor over the block for the next request of the same shape and dtype; any
+    other request of its size gets a new view; an in-place transposed tensor is never handed out as
+    is; a handed-out kept tensor that is simply dropped is still collected."""
+    with iris.iris(heap_size=1 << 22, allocator=allocator) as ctx:
+        x = ctx.full((64, 16), 1.0)
+        at = x.data_ptr()
+        ctx.free(x)
+        y = ctx.empty(64, 16)
+        assert y is not x and y.data_ptr() == at and y.shape == (64, 16) and y.dtype == torch.float32
+        assert y.is_contiguous() and type(y) is torch.Tensor
+        y.fill_(5.0)
+        with pytest.raises(iris.IrisError, match="ctx.free gave back"):
+            x.sum()
+        ctx.free(y)
+        z = ctx.empty(1024)  # the same bytes, another shape: a new view over the block
+        assert z.data_ptr() == at and z.shape == (1024,) and z.stride() == (1,)
+        z.fill_(7.0)
+        ctx.free(z)
+        w = ctx.empty(1024, dtype=torch.int32)  # the same bytes, another dtype
+        assert w.data_ptr() == at and w.dtype == torch.int32 and w.shape == (1024,)
+        ctx.free(w)
+        u = ctx.empty(32, 32)
+        u.t_()  # still the whole block, no longer contiguous
+        ctx.free(u)
+        v = ctx.empty(32, 32)
+        assert v.data_ptr() == at and v.stride() == (32, 1), v.stride()
+        v.fill_(3.0)
+        assert bool((v == 3.0).all()) and bool((v.view(-1)[32:64] == 3.0).all())
+        collected = ctx.heap.stats["collected"]
+        del v  # dropped, not freed: the kept tensor carries the block's owner, so it is queued
+        gc.collect()
+        ctx.collect()
+        assert ctx.heap.stats["collected"] == collected + 1
+        again = ctx.empty(32, 32)
+        assert again.data_ptr() == at
+
+
+def rank_close_with_kept_tensors(allocator):
+    ctx, base, ctx2 = _second_context(allocator)
+    for n in (1000, 2000, 3000):
+        ctx2.free(ctx2.full((n,), 1.0))  # each block keeps a tensor for its next request
+    ctx2.close()
+    del ctx2
+    gc.collect()
+    end = _usage()
+    ctx.close()
+    return base, end
+
+
+@host_only
+def test_close_lets_go_of_the_tensors_kept_for_reuse():
+    for base, end in (res for rank in iris.spawn(rank_each_allocator, 2, args=(rank_close_with_kept_tensors,))
+                      for res in rank):
+        assert end == base, f"fds, mappings, heap mappings {base} -> {end}: a kept tensor held the heap"
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_scope_exit_detaches_the_tensors_it_frees(allocator):
+    with iris.iris(heap_size=1 << 22, allocator=allocator) as ctx:
+        with ctx.scope():
+            a = ctx.full((1000,), 1.0)
+            b = ctx.zeros(500, dtype=torch.int32)
+            b_view = b[10:]  # a view made inside still reaches the block, as after ctx.free
+            with ctx.scope():
+                c = ctx.ones(10)
+            with pytest.raises(iris.IrisError, match="ctx.free gave back"):
+                c.sum()
+            assert float(a.sum()) == 1000.0  # the inner scope freed only its own
+            dropped = ctx.empty(300).data_ptr()
+        for t in (a, b):
+            with pytest.raises(iris.IrisError, match="ctx.free gave back"):
+                t.add_(1)
+        assert int(b_view.sum()) == 0
+        again = ctx.empty(1000)
+        assert ctx.heap.offset_of(again) in ctx.heap.offsets_since(0)
+        assert dropped - ctx.heap.bases[ctx.get_rank()] not in ctx.heap.offsets_since(0)
+
+
+def rank_gpu_indirect_reuse_after_a_barrier():
+    ctx = iris.iris(heap_size=1 << 26, allocator="nvshmem")
+    x = ctx.full((1 << 18,), 1.0)
+    first = ctx.heap.offset_of(x)
+    ctx.free(x)
+    y = ctx.full((1 << 18,), 2.0)  # an indirect peer may still write x's block: not handed out yet
+    second = ctx.heap.offset_of(y)
+    ctx.free(y)
+    ctx.barrier()  # every rank's device work done: both blocks come back
+    z = ctx.full((1 << 18,), 3.0)
+    third = ctx.heap.offset_of(z)
+    ok = bool((z == 3.0).all())
+    ctx.barrier()
+    ctx.close()
+    return first, second, third, ok
+
+
+@pytest.mark.gpu
+def test_gpu_indirect_peers_get_freed_blocks_back_at_a_barrier(monkeypatch):
+    _skip_without("nvshmem")
+    monkeypatch.setenv("IRIS_INDIRECT_PEERS", "all")  # NVSHMEM reaches every peer: no counter of theirs is readable
+    out = iris.spawn(rank_gpu_indirect_reuse_after_a_barrier, 2)
+    for first, second, third, ok in out:
+        assert second != first, "a block freed with indirect peers was handed out before any barrier"
+        assert third == min(first, second) and ok, (first, second, third, ok)
+        assert (first, second, third) == out[0][:3], out

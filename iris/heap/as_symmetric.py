@@ -21,7 +21,7 @@ class AsSymmetric:
     def __init__(self, heap, factories):
         self.heap, self.factories, self.device = heap, factories, heap.device
         self._imported = {}  # (address, nbytes, dtype, shape) of an imported tensor -> (heap view, tensor)
-        self._imported_at = {}  # heap offset -> keys of _imported there, so free forgets an import in O(1)
+        self.starts = {}  # heap offset -> keys of _imported there: free forgets an import in O(1), and leaves it to ctx.free
 
     def __call__(self, t, copy: Optional[bool] = None):
         """A heap tensor with t's contents (t may be a list or tuple: one batched import, a list
@@ -52,7 +52,7 @@ class AsSymmetric:
             x = tensors[i]
             out[i] = heap.tensor(offset, x.shape, x.dtype) if offset is not None else self._copy_in(x, copy, call)
             self._imported[keys[i]] = (out[i], x)  # holding x keeps its allocator off the memory
-            self._imported_at.setdefault(heap.offset_of(out[i]), []).append(keys[i])
+            self.starts.setdefault(heap.offset_of(out[i]), []).append(keys[i])
         for i, key in enumerate(keys):
             if out[i] is None:
                 out[i] = out[first[key]]
@@ -87,19 +87,20 @@ class AsSymmetric:
 
     def imported_at(self, offset: int) -> bool:
         """Whether an import (mapped or copied) starts at heap offset."""
-        return offset in self._imported_at
+        return offset in self.starts
 
     def forget(self, offset: int, t: torch.Tensor) -> None:
         """Forget the import at offset that t is (one of those there, its shape and dtype first), once
         the heap has freed it: importing its source again makes a new one."""
-        keys = self._imported_at.get(offset) if self._imported_at else None
+        keys = self.starts.get(offset) if self.starts else None
         if keys:
             key = next((k for k in keys if k[2] == t.dtype and k[3] == tuple(t.shape)), keys[0])
             keys.remove(key)
             del self._imported[key]
             if not keys:
-                del self._imported_at[offset]
+                del self.starts[offset]
 
     def clear(self) -> None:
         """Drop every import's view and source (the heap is closing: they must not hold it)."""
-        self._imported, self._imported_at = {}, {}
+        self._imported.clear()
+        self.starts.clear()  # in place: the heap reads this dict on ctx.free's usual path

@@ -8,7 +8,10 @@ A freed block (by ctx.free, scope() or that agreement) goes back to the pool at 
 request of its size takes it, at the same offset on every rank. That allocation is made safe in
 stream order, not by a collective: each free passes an epoch that every rank writes to its
 progress counter after the work it queued before the free, and reusing a block freed at epoch n
-makes the current stream wait for every peer's counter to reach n (progress.py). Imported memory
+makes the current stream wait for every peer's counter to reach n (progress.py); with indirect
+peers (NVSHMEM only), whose counters cannot be read here, a freed block waits instead for the next
+point where every rank synced its device. ctx.free keeps a tensor over the freed block, carrying
+its Owner, for the next request of that shape and dtype (free_tensor). Imported memory
 (as_symmetric) is unmapped, not reused: a freed import's region is queued like garbage once its
 last tensor goes (negative serials, in the order the regions were freed), and unmapped only when
 the point it was agreed at has completed on every rank (an event per point).
@@ -18,6 +21,7 @@ tensor goes; after close the mappings stay until the last tensor goes.
 from __future__ import annotations
 
 from typing import Dict, List
+from weakref import ref
 
 import torch
 
@@ -108,6 +112,10 @@ class Lifetimes:
         self._fence: Dict[int, int] = {}      # offset of a freed block in the pool -> its free's epoch, until passed
         self.progress = None                  # the progress counters (use_counters)
         self._dead: Dict[torch.dtype, torch.Tensor] = {}  # dtype -> an empty tensor freed tensors are detached to
+        self._kept: Dict[int, tuple] = {}     # offset of a block ctx.free gave back -> (block, tensor, shape, dtype)
+        self._parked = None                   # with indirect peers: offsets freed since the last synced point
+        self._scopes: List[list] = []         # per open scope, weak references to the tensors handed out in it
+        self._track = None                    # the innermost scope's list.append, or None outside scopes
 
     def use_counters(self, counters: torch.Tensor) -> None:
         """Reuse in stream order from now on: counters is a zeroed heap tensor of at least 8 bytes at
@@ -115,6 +123,8 @@ class Lifetimes:
         from .progress import make_progress
         self.progress = make_progress(self.driver, self.bases, counters.data_ptr() - self._base, self.rank,
                                       self.device)
+        if not all(self.bases):  # indirect peers: their progress is not readable here (see _parked)
+            self._parked = []
 
     def owner_added(self, block: Block) -> None:
         """A tensor storage over block was made (Owner)."""
@@ -183,6 +193,10 @@ class Lifetimes:
         if (synced or not self._capturable) and self.progress is not None:
             self.progress.synced()
             self._fence.clear()
+            if self._parked:  # every rank, indirect peers included, finished its work before the point
+                for offset in self._parked:
+                    self._release(offset)
+                self._parked.clear()
         if self._freed:  # queued before this point on every rank: the event recorded here covers them
             self._waiting.setdefault(self._points, []).extend(self._freed)
             self._freed = []
@@ -198,35 +212,75 @@ class Lifetimes:
         it back to the pool now; the allocation that takes it again waits, in stream order, for every
         rank's work queued before this free (epoch: the free's, if already passed). Returns its size.
         Collective: all ranks, same order."""
-        epoch = epoch or self.progress.passed()  # first: during capture it raises, with nothing changed
-        offset = block.offset
-        del self._at[offset]
-        block.freed = True
+        self._give_back(block, epoch or self.progress.passed())  # first: during capture it raises, nothing changed
         if block.tensors:  # freed while referenced (queued blocks have none)
             self._pinned[block.serial] = block
         else:
             self._queued.pop(block.serial, None)
-        if epoch > self.progress.done:  # alone, every free is passed at once: its reuse needs no wait
-            self._fence[offset] = epoch
-        self._release(offset)
-        self._record(~offset)  # the symmetry digest's record of free(offset)
-        self._frees += 1
+        if self._kept:
+            self._kept.pop(block.offset, None)  # an older block's tensor there must not serve this one's reuse
         return block.nbytes
 
     def free_tensor(self, t: torch.Tensor) -> bool:
         """ctx.free's usual call in one step: t (a plain torch.Tensor) is the whole live block it
         starts, made by allocate and not a copied import. Frees the block, detaches t and returns True;
-        False, with nothing done, where the caller must look closer. Collective: all ranks, same order."""
-        block = self._at.get(t.data_ptr() - self._base)  # addresses are unique in a process: no device check
-        if block is None or block.nbytes != t.nbytes or not block.nbytes or self.as_symmetric.imported_at(block.offset):
+        False, with nothing done, where the caller must look closer. Collective: all ranks, same order.
+
+        Where t's storage is the block's only one and t is contiguous, a new tensor over that storage
+        (t.detach(), before t is detached) is kept with the block: the next request of t's shape and
+        dtype that the pool hands this block to gets it, with the block's Owner, instead of a new view
+        (benchmarks/alloc_cost.py --reuse). Only this rank's tensors change: offsets do not."""
+        offset = t.data_ptr() - self._base  # addresses are unique in a process: no device check
+        block = self._at.get(offset)
+        nbytes = t.nbytes
+        if block is None or block.nbytes != nbytes or not nbytes or offset in self._copied_imports:
             return False
-        self.free_block(block)
+        self._give_back(block, self.progress.passed())  # first: during capture it raises, nothing changed
         dtype = t.dtype
         dead = self._dead.get(dtype)
         if dead is None:
             dead = self._dead[dtype] = torch.empty(0, dtype=dtype, device=self.device)
-        detach(t, dead)
+        kept = t.detach() if block.tensors == 1 and t.is_contiguous() else None
+        shape = t.shape
+        try:
+            t.data = dead
+            t.__class__ = FreedTensor
+        except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
+            kept = None
+        if kept is not None:
+            self._kept[offset] = (block, kept, shape, dtype)
+        else:
+            if block.tensors:  # freed while referenced
+                self._pinned[block.serial] = block
+            if self._kept:
+                self._kept.pop(offset, None)
         return True
+
+    def _give_back(self, block: Block, epoch: int) -> None:
+        """The part of every free of a block made by allocate: out of the live blocks, back to the pool
+        (or parked until a synced point, with indirect peers), and into the symmetry digest."""
+        offset = block.offset
+        del self._at[offset]
+        block.freed = True
+        if epoch > self.progress.done:  # alone, every free is passed at once: its reuse needs no wait
+            self._fence[offset] = epoch
+        if self._parked is None:
+            self._release(offset)
+        else:
+            self._parked.append(offset)
+        self._record(~offset)  # the symmetry digest's record of free(offset)
+        self._frees += 1
+
+    def _drop_kept(self) -> None:
+        """Let go of the tensors kept with freed blocks (before the pool's free blocks are looked at
+        as a whole: a miss, trim, close). A block whose tensor the user still views stays pinned."""
+        if self._kept:
+            kept, self._kept = self._kept, {}
+            blocks = [entry[0] for entry in kept.values()]
+            kept.clear()  # their owners go here, unless the user still holds views of the tensors
+            for block in blocks:
+                if block.tensors and block.freed:
+                    self._pinned[block.serial] = block
 
     def _reused(self, offset: int, nbytes: int) -> None:
         """The pool handed out offset: the current stream waits for the peers' work before its free."""
@@ -259,6 +313,39 @@ class Lifetimes:
                 break
             out.append(block.offset)
         return out[::-1]
+
+    def open_scope(self):
+        """Start a scope (ctx.scope): returns its mark for close_scope. From now on, until it closes,
+        the tensors new_tensor hands out are remembered weakly."""
+        held = []
+        self._scopes.append(held)
+        self._track = held.append
+        return self.next_serial(), held
+
+    def close_scope(self, mark) -> None:
+        """Free every block allocated since the scope opened that is still live, in allocation order.
+        A tensor handed out for one that is still alive is detached as ctx.free detaches (any use
+        raises); views made of it still reach the block, as after ctx.free. Collective: all ranks."""
+        serial, held = mark
+        scopes = self._scopes
+        if scopes and scopes[-1] is held:
+            scopes.pop()
+        else:  # scopes closed out of order
+            for i in range(len(scopes) - 1, -1, -1):
+                if scopes[i] is held:
+                    del scopes[i]
+                    break
+        self._track = scopes[-1].append if scopes else None
+        handed = {}
+        for r in held:
+            t = r()
+            if t is not None and type(t) is torch.Tensor:
+                handed[t.data_ptr() - self._base] = t
+        held.clear()
+        for offset in self.offsets_since(serial):
+            t = handed.get(offset) if handed else None
+            if t is None or not self.free_tensor(t):  # no tensor left, or one free_tensor leaves (an import)
+                self.free(offset)
 
     def pinned_ranges(self):
         """(offset, nbytes) of freed blocks that a tensor still covers: trim leaves them mapped."""

@@ -17,6 +17,7 @@ What matters:
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
@@ -39,12 +40,15 @@ def _violation(offset: int, nbytes: int, epoch: int, late, rank: int, timeout: f
 
 
 class HostProgress:
-    """The host driver's counters: stores and waits happen now, in program order."""
+    """The host driver's counters: stores and waits happen now, in program order. The counters are
+    host memory of every rank's heap, mapped here: they are read and written in place."""
 
     def __init__(self, driver, bases, offset: int, rank: int, timeout: float):
         self.driver, self.rank, self.timeout = driver, rank, timeout
         self.own = bases[rank] + offset
         self.peers = [(p, b + offset) for p, b in enumerate(bases) if p != rank and b]
+        self._own = ctypes.c_int64.from_address(self.own)
+        self._words = [ctypes.c_int64.from_address(a) for _, a in self.peers]
         self.epoch = 0   # frees passed here: the same on every rank
         self.done = 0    # every rank has passed this epoch (known from a point or a wait)
         self.failed: Optional[ReuseTimeout] = None
@@ -55,7 +59,7 @@ class HostProgress:
         if not self.peers:  # alone: the stream itself orders this rank's work
             self.done = epoch
             return epoch
-        self.driver.stream_write(0, self.own, epoch)
+        self._own.value = epoch  # what driver.stream_write does on the host, without a ctypes object per call
         return epoch
 
     def synced(self) -> None:
@@ -64,6 +68,12 @@ class HostProgress:
 
     def wait(self, epoch: int, offset: int, nbytes: int) -> None:
         """Before the block at offset (freed at epoch) is used again: every peer has passed epoch."""
+        for word in self._words:  # one look first; the driver's wait yields the core, which a peer may share
+            if word.value < epoch:
+                break
+        else:  # the usual case in a loop whose ranks keep pace
+            self.done = epoch
+            return
         deadline, late = time.monotonic() + self.timeout, []
         for p, address in self.peers:
             try:
@@ -94,15 +104,14 @@ class StreamProgress:
         self._awaited = None    # (epoch, offset, nbytes) of the newest wait, for the watchdog
         self.failed: Optional[ReuseTimeout] = None
         self._raw_stream = torch._C._cuda_getCurrentRawStream
+        self._capturing = torch._C._cuda_isCurrentStreamCapturing  # torch.cuda.is_current_stream_capturing's call
+        self._write, self._wait = driver.stream_write, driver.stream_wait
         self._index = device.index
         self._watchdog = None
         self._stop = threading.Event()
 
-    def _stream(self) -> int:
-        return self._raw_stream(self._index)
-
     def passed(self) -> int:
-        if torch.cuda.is_current_stream_capturing():  # a captured write would set the counter back on each replay
+        if self._capturing():  # a captured write would set the counter back on each replay
             raise CaptureError("ctx.free (or a scope's exit) during CUDA graph capture: the graph uses the tensor's "
                                "memory on every replay, so it must stay allocated while the graph lives. Free it after "
                                "capture ends (and after the last replay), or allocate it before capture.")
@@ -110,7 +119,7 @@ class StreamProgress:
         if not self.peers:  # alone: the stream itself orders this rank's work
             self.done = epoch
             return epoch
-        self.driver.stream_write(self._stream(), self.own, epoch)
+        self._write(self._raw_stream(self._index), self.own, epoch)
         return epoch
 
     def synced(self) -> None:
@@ -125,14 +134,14 @@ class StreamProgress:
     def wait(self, epoch: int, offset: int, nbytes: int) -> None:
         if self.failed is not None:
             self.raise_failed()
-        stream = self._stream()
+        stream = self._raw_stream(self._index)
         last_stream, last = self._waited
         if stream == last_stream and epoch <= last:
             return
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing = self._capturing()
         try:
             for _, address in self.peers:
-                self.driver.stream_wait(stream, address, epoch)
+                self._wait(stream, address, epoch)
         except DriverError as e:
             if capturing:
                 raise CaptureError(f"reusing a heap block inside CUDA graph capture needs a stream wait on the peers' "

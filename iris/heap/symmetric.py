@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from functools import cached_property
+from weakref import ref
 
 import torch
 
@@ -41,6 +42,7 @@ class SymmetricHeap(Lifetimes):
         self.peer_maps = PeerMaps(self, self._stats)  # each peer's memory mapped here
         self.closed = False
         self._init_lifetimes()
+        self._copied_imports = {}  # none until as_symmetric is first used
         self._capturable = device.type == "cuda"
         self._device_index = device.index if self._capturable else -1  # as Tensor.get_device() says
         self._may_grow = _not_capturing if self._capturable else always  # no bound method per call
@@ -78,17 +80,37 @@ class SymmetricHeap(Lifetimes):
             self.check_symmetry(f"allocate({nbytes}, 256)")
         size = ((nbytes or 1) + 255) & -256
         offset = self._reuse(size)
-        fresh = offset is None
-        if fresh:
+        if offset is None:
+            if self._kept:  # the policy looks at its free blocks as a whole now: the kept tensors go
+                self._drop_kept()
             offset = self._allocate(nbytes, size)
+            fresh, kept = True, None
+        else:
+            fresh, kept = False, self._kept.pop(offset, None) if self._kept else None
         self._record(nbytes)  # the symmetry digest's record of allocate(nbytes, align=256)
         self._serial = serial = self._serial + 1
         if not serial & 1023:
             self.symmetry.bound()
+        if kept is not None:
+            block, t = kept[0], kept[1]
+            if kept[3] is dtype and kept[2] == shape:  # the tensor ctx.free kept: the block's Owner is on it
+                block.serial, block.freed = serial, False
+                self._at[offset] = block
+                if self._fence:
+                    self._reused(offset, nbytes)
+                if self._track is not None:
+                    self._track(ref(t))
+                return t
+            del t, kept
+            if block.tensors:  # the user still views the old tensor: trim must leave it mapped
+                self._pinned[block.serial] = block
         self._at[offset] = block = Block(offset, nbytes, serial)
         if self._fence:  # made on every rank before the wait, so a ReuseTimeout leaves the ranks' heaps alike
             self._fresh(offset, nbytes) if fresh else self._reused(offset, nbytes)
-        return self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
+        t = self._view(self._base + offset, shape, dtype, self.device, Owner(self, block), nbytes)
+        if self._track is not None:
+            self._track(ref(t))
+        return t
 
     def _allocate(self, nbytes: int, size: int) -> int:
         """new_tensor's offset when no freed block of the size is cached: the policy, growing the heap
@@ -143,6 +165,7 @@ class SymmetricHeap(Lifetimes):
     def trim(self) -> int:
         """Give segments without live data back to the device on every rank; returns bytes released.
         Memory that a tensor still covers on any rank (freed, but referenced) stays. Collective: all ranks."""
+        self._drop_kept()
         self.collect("trim")
         segments = self.alloc.trimmable()
         desc = [(s.offset, s.size) for s in segments]
@@ -176,7 +199,9 @@ class SymmetricHeap(Lifetimes):
     @cached_property
     def as_symmetric(self) -> AsSymmetric:
         """heap.as_symmetric(t, copy): t's contents on the heap, zero copy where t's memory can be mapped."""
-        return AsSymmetric(self, self.factories)
+        imports = AsSymmetric(self, self.factories)
+        self._copied_imports = imports.starts  # offsets where an import starts: free_tensor leaves them
+        return imports
 
     # -- address maps (Iris's allocate_symmetric) ---------------------------
     def allocate_symmetric_map(self, *size, dtype=None):
@@ -251,6 +276,7 @@ class SymmetricHeap(Lifetimes):
         if self.closed:
             return
         self.closed = self._guarded = True
+        self._drop_kept()  # the tensors kept for reuse must not hold the heap open
         self._queued.clear()
         diverged, reported = None, self.symmetry.reported
         try:

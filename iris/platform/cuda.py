@@ -48,10 +48,14 @@ def access_descs(devices: Sequence[int]) -> List["cu.CUmemAccessDesc"]:
     return descs
 
 
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+_WRITE64, _WAIT64 = cu.cuStreamWriteValue64, cu.cuStreamWaitValue64  # a reuse's calls, looked up once
+
+
 def _check(call: str, result):
     """Unpack cuda-bindings' (CUresult, *values): raise DriverError naming the call, else the value(s)."""
     err, *values = result
-    if err != cu.CUresult.CUDA_SUCCESS:
+    if err != _SUCCESS:
         _, msg = cu.cuGetErrorString(err)
         detail = msg.decode() if isinstance(msg, bytes) else str(msg or "")
         raise DriverError(call, err.name, detail, oom=err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
@@ -203,12 +207,17 @@ class CudaDriver:
     # -- stream-ordered words ----------------------------------------------
     def stream_write(self, stream: int, address: int, value: int) -> None:
         """Write value to the 8 bytes at address once the stream's earlier work has finished (the
-        default flags order the write after that work's memory operations)."""
-        _check("cuStreamWriteValue64", cu.cuStreamWriteValue64(stream, address, value, 0))
+        default flags order the write after that work's memory operations). On every free with
+        peers: _check only where the call failed."""
+        result = _WRITE64(stream, address, value, 0)
+        if result[0] != _SUCCESS:
+            _check("cuStreamWriteValue64", result)
 
     def stream_wait(self, stream: int, address: int, value: int) -> None:
         """Hold the stream's later work until the 8 bytes at address (local or a peer's mapping) are >= value."""
-        _check("cuStreamWaitValue64", cu.cuStreamWaitValue64(stream, address, value, _GEQ))
+        result = _WAIT64(stream, address, value, _GEQ)
+        if result[0] != _SUCCESS:
+            _check("cuStreamWaitValue64", result)
 
     def relax_capture(self) -> None:
         """Let the calling thread use the driver while another thread captures a CUDA graph in global
