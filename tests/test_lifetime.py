@@ -391,17 +391,22 @@ def _wait_flag(flags, cur, heap_bases):
     iris.wait(flags + 1, 1, cur, cur, heap_bases)
 
 
-def _set_later(flag, seconds):
-    """flag[0] = 1 after seconds, from a thread. On GPUs by a copy on a stream of its own: a copy
-    needs no SM, which the kernel spinning on the flag may hold all of."""
-    def go():
-        time.sleep(seconds)
-        if flag.device.type == "cuda":
-            one = torch.ones(1, dtype=flag.dtype).pin_memory()
-            with torch.cuda.stream(torch.cuda.Stream(flag.device)):
-                flag[:1].copy_(one, non_blocking=True)
-                torch.cuda.current_stream().synchronize()
-        else:
+def _set_later(ctx, flag, seconds):
+    """flag[0] = 1 after seconds, from a thread. On GPUs by a stream-ordered write of the driver on a
+    stream of its own, made before the kernel that spins on the flag: the write needs no SM (the
+    kernel may hold all of them) and no host allocation (pinning memory while the kernel spins may
+    wait for it)."""
+    if flag.device.type == "cuda":
+        side = torch.cuda.Stream(flag.device)
+        driver, address = ctx.heap.driver, flag.data_ptr()
+
+        def go():
+            time.sleep(seconds)
+            driver.stream_write(side.cuda_stream, address, 1)  # flag[0] = 1 and flag[1] = 0 (not set yet)
+            side.synchronize()
+    else:
+        def go():
+            time.sleep(seconds)
             flag[:1].fill_(1)
     t = threading.Thread(target=go)
     t.start()
@@ -424,7 +429,7 @@ def rank_reuse_after_late_peer(allocator, n, how):
     ctx.barrier()
     setter = None
     if r == 0:
-        setter = _set_later(flags, 1.0)
+        setter = _set_later(ctx, flags, 1.0)
         _late_store[(triton.cdiv(n, LATE_BLOCK),)](flags, b, n, -7.0, 0, 1, ctx.get_heap_bases(), BLOCK=LATE_BLOCK)
     if how == "scope":
         scope.__exit__(None, None, None)
