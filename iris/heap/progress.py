@@ -109,6 +109,12 @@ class StreamProgress:
         self._index = device.index
         self._watchdog = None
         self._stop = threading.Event()
+        if self.peers:  # the watchdog's stream and buffers, made now: made while a wait is queued, the
+            # driver may hold the stream's creation (with the GIL) until that wait ends, which is the watchdog's job
+            from .views import device_tensor_at
+            self._side = torch.cuda.Stream(device)
+            self._counters = [device_tensor_at(a, (1,), torch.int64, device) for _, a in self.peers]
+            self._seen = torch.zeros(len(self.peers), dtype=torch.int64, pin_memory=True)
 
     def passed(self) -> int:
         if self._capturing():  # a captured write would set the counter back on each replay
@@ -162,9 +168,8 @@ class StreamProgress:
         into this process's view of the late counters), so the rank raises instead of hanging."""
         torch.cuda.set_device(self.device)
         self.driver.relax_capture()  # its reads must not break a graph another thread is capturing
-        side = torch.cuda.Stream(self.device)
-        from .views import device_tensor_at
-        counters = [(p, device_tensor_at(a, (1,), torch.int64, self.device)) for p, a in self.peers]
+        side, seen_now = self._side, self._seen
+        counters = list(zip([p for p, _ in self.peers], self._counters))
         seen, since = None, None
         while not self._stop.wait(0.05):
             awaited = self._awaited
@@ -173,7 +178,10 @@ class StreamProgress:
                 continue
             epoch, offset, nbytes = awaited
             with torch.cuda.stream(side):
-                values = [int(c.item()) for _, c in counters]
+                for i, (_, c) in enumerate(counters):
+                    seen_now[i:i + 1].copy_(c, non_blocking=True)
+            side.synchronize()
+            values = seen_now.tolist()
             if values != seen or since is None:  # a peer moved on: a long kernel is not a broken rule
                 seen, since = values, time.monotonic()
             late = [p for (p, _), v in zip(counters, values) if v < epoch]
