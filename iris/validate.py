@@ -24,7 +24,9 @@ def timeout_seconds(value) -> float:
 def dtype_of(dtype) -> torch.dtype:
     """A torch.dtype from what torch's factories take: a torch.dtype, or float/int/bool/complex."""
     if dtype is None:
-        return torch.get_default_dtype()
+        dtype = torch.get_default_dtype()
+        _CHECKED[dtype] = dtype.itemsize  # the usual call names no dtype: plain_request takes it from now on
+        return dtype
     if isinstance(dtype, type) and dtype in _PYTHON_TYPES:
         return _PYTHON_TYPES[dtype]
     if not isinstance(dtype, torch.dtype):

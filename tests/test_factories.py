@@ -38,6 +38,19 @@ def test_shape_of_follows_torch():
         shape_of((1 << 63,))
 
 
+
+def test_usual_requests_take_the_short_path():
+    """The usual factory call, with or without a dtype, is answered by plain_request once its dtype
+    was checked once (the default dtype included): the checked path runs on every call otherwise."""
+    from iris.validate import dtype_of, plain_request
+    for dtype in (None, torch.float16, torch.int32):
+        dtype_of(dtype)
+        assert plain_request((3, 4), dtype) == ((3, 4), dtype or torch.get_default_dtype(),
+                                                12 * (dtype or torch.get_default_dtype()).itemsize)
+        assert plain_request(5, dtype)[2] == 5 * (dtype or torch.get_default_dtype()).itemsize
+    assert plain_request((3, 4.0), None) is None  # not ints: the checked path says why
+    assert plain_request((3, -1), None) is None
+
 def test_out_as_and_restride():
     out = torch.arange(6.0)
     assert out_as(None, torch.Size((2, 3))) is None
