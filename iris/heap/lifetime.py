@@ -21,7 +21,6 @@ tensor goes; after close the mappings stay until the last tensor goes.
 from __future__ import annotations
 
 from typing import Dict, List
-from weakref import ref
 
 import torch
 
@@ -41,9 +40,10 @@ class FreedTensor(torch.Tensor):
 _DEAD = {}  # (dtype, device) -> an empty tensor whose storage a freed tensor takes over
 
 
-def detach(t: torch.Tensor, dead: torch.Tensor | None = None) -> None:
+def detach(t: torch.Tensor, dead: torch.Tensor | None = None) -> bool:
     """Make t reach no memory: its storage becomes an empty one (dead: one of t's dtype and device,
-    if the caller has it) so the block's owner can go, and every later use raises."""
+    if the caller has it) so the block's owner can go, and every later use raises. False where t is
+    part of an autograd graph: it keeps its storage (the block is still given back)."""
     if dead is None:
         key = (t.dtype, t.device)
         dead = _DEAD.get(key)
@@ -52,8 +52,9 @@ def detach(t: torch.Tensor, dead: torch.Tensor | None = None) -> None:
     try:
         t.data = dead
         t.__class__ = FreedTensor
-    except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
-        pass
+    except RuntimeError:
+        return False
+    return True
 
 
 class Block:
@@ -242,10 +243,7 @@ class Lifetimes:
             dead = self._dead[dtype] = torch.empty(0, dtype=dtype, device=self.device)
         kept = t.detach() if block.tensors == 1 and t.is_contiguous() else None
         shape = t.shape
-        try:
-            t.data = dead
-            t.__class__ = FreedTensor
-        except RuntimeError:  # part of an autograd graph: it keeps its storage, the block is still given back
+        if not detach(t, dead):
             kept = None
         if kept is not None:
             self._kept[offset] = (block, kept, shape, dtype)
