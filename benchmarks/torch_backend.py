@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import write_result  # noqa: E402
+from common import captured, sync, write_result  # noqa: E402
 
 import iris  # noqa: E402,F401  (registers the backend)
 from iris.torch_backend import Options, context  # noqa: E402
@@ -143,11 +143,6 @@ def _nothing_group(dist_options, options):
     return _Nothing(dist_options.group_rank, dist_options.group_size)
 
 
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def host_us(fns, samples, calls, dev) -> list:
     """Per fn, the median over samples of host microseconds per call of `calls` calls back-to-back.
     The fns alternate within each sample, so load on the machine falls on all alike; the device is
@@ -155,19 +150,19 @@ def host_us(fns, samples, calls, dev) -> list:
     collection off."""
     for fn in fns:
         fn()
-    _sync(dev)
+    sync(dev)
     gc.collect()
     gc.disable()
     times = [[] for _ in fns]
     try:
         for _ in range(samples):
             for fn, out in zip(fns, times):
-                _sync(dev)
+                sync(dev)
                 t0 = time.perf_counter()
                 for _ in range(calls):
                     fn()
                 out.append((time.perf_counter() - t0) / calls)
-        _sync(dev)
+        sync(dev)
     finally:
         gc.enable()
     return [statistics.median(t) * 1e6 for t in times]
@@ -184,7 +179,7 @@ class Timer:
     def eager(self, fn, calls=None) -> float:
         calls = calls or self.calls
         fn()
-        _sync(self.dev)
+        sync(self.dev)
         times = []
         for _ in range(self.samples):
             if self.gpu:
@@ -208,20 +203,13 @@ class Timer:
         if not self.gpu:
             return None
         calls = calls or self.calls
-        fn()
-        _sync(self.dev)
-        g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(side), torch.cuda.graph(g):
-                for _ in range(calls):
-                    fn()
+            g = captured(fn, calls)
         except Exception as e:  # a row records why instead of ending the run
-            _sync(self.dev)
+            sync(self.dev)
             return f"{type(e).__name__}: {e}"
-        torch.cuda.current_stream().wait_stream(side)
         g.replay()
-        _sync(self.dev)
+        sync(self.dev)
         times = []
         for _ in range(self.samples):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
