@@ -12,7 +12,9 @@ heap allocation is collective over the whole context, and a sub-group's call run
 """
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import sys
 import weakref
 
@@ -37,6 +39,10 @@ _ON_CCL = {"sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "max": ReduceOp.MAX, "min":
 _LOCAL = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul,
           "band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
 _shared = weakref.WeakKeyDictionary()  # context -> its _Shared (staging area, mailbox, global ranks)
+
+# DDP keeps its process group in reference cycles; freed only at interpreter shutdown, torch aborts the
+# process ("terminate called without an active exception"). Collect them while the interpreter lives.
+atexit.register(gc.collect)
 
 
 class _Shared:
