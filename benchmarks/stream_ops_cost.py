@@ -7,7 +7,9 @@ Per call, the median over batches of 25 calls (batches of each way interleaved w
 del), the lowest of three rounds: iris's driver (cuda-bindings, its return code checked), the bare
 cuda-bindings call, libcuda's entry point through ctypes, one cuStreamBatchMemOp carrying a write
 and a wait, and the two torch queries the GPU path makes (the current stream, whether it captures).
-The waits are for a value the word already holds, so the stream never stalls. Writes
+A reuse with N peers waits for N counters: iris's waiter (one cuStreamBatchMemOp of N waits) against
+N cuStreamWaitValue64 calls one by one, for N = 1, 3 and 7 (2, 4 and 8 ranks). The waits are for a
+value the words already hold, so the stream never stalls. Writes
 benchmarks/results/stream_ops_cost-gpu-1ranks.json.
 """
 import argparse
@@ -26,19 +28,24 @@ def _ways(dev):
     from cuda.bindings import driver as cu
     from iris.platform import get_driver
     driver = get_driver("cuda")
-    word = torch.zeros(1, dtype=torch.int64, device=dev)
+    word = torch.zeros(8, dtype=torch.int64, device=dev)
     addr, index = word.data_ptr(), dev.index
+    words = [addr + 8 * i for i in range(8)]
     raw_stream = torch._C._cuda_getCurrentRawStream
     geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
     ways = {
         "torch.empty + del": lambda: torch.empty(1024, dtype=torch.float32, device=dev),
         "iris driver.stream_write": lambda: driver.stream_write(raw_stream(index), addr, 0),
-        "iris driver.stream_wait": lambda: driver.stream_wait(raw_stream(index), addr, 0),
         "cuda-bindings cuStreamWriteValue64": lambda: cu.cuStreamWriteValue64(raw_stream(index), addr, 0, 0),
         "cuda-bindings cuStreamWaitValue64": lambda: cu.cuStreamWaitValue64(raw_stream(index), addr, 0, geq),
         "torch current raw stream": lambda: raw_stream(index),
         "torch.cuda.is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
     }
+    for n in (1, 3, 7):
+        waiter = driver.stream_waiter(words[:n])
+        ways[f"iris driver.stream_waiter, {n} peer(s)"] = lambda waiter=waiter: waiter(raw_stream(index), 0)
+        ways[f"cuda-bindings cuStreamWaitValue64 x {n}, one by one"] = (
+            lambda n=n: [cu.cuStreamWaitValue64(raw_stream(index), a, 0, geq) for a in words[:n]])
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         write, wait = lib.cuStreamWriteValue64_v2, lib.cuStreamWaitValue64_v2

@@ -7,8 +7,8 @@ What matters:
   queued before the free, remote stores into peers' copies included. On the host, where work runs
   synchronously, that is a plain store at the free.
 - A block freed at epoch n goes back to the pool at once. The allocation that takes it makes the
-  current stream wait until every peer's counter is >= n (cuStreamWaitValue64 / hipStreamWaitValue64
-  on the peer's mapped counter; on the host the allocation itself waits). Where every rank synced its
+  current stream wait until every peer's counter is >= n (one cuStreamBatchMemOp of a wait per peer,
+  on the peers' mapped counters; hipStreamWaitValue64 per peer; on the host the allocation itself waits). Where every rank synced its
   device and met (ctx.barrier(), ctx.collect()), every epoch before is known passed: no wait at all.
 - The one rule: work a rank queues before a free must not wait for work a peer queues after its
   matching free. Broken, the reuse would wait forever; after IRIS_REUSE_TIMEOUT seconds it raises
@@ -105,7 +105,8 @@ class StreamProgress:
         self.failed: Optional[ReuseTimeout] = None
         self._raw_stream = torch._C._cuda_getCurrentRawStream
         self._capturing = torch._C._cuda_isCurrentStreamCapturing  # torch.cuda.is_current_stream_capturing's call
-        self._write, self._wait = driver.stream_write, driver.stream_wait
+        self._write = driver.stream_write
+        self._wait = driver.stream_waiter([a for _, a in self.peers]) if self.peers else None
         self._index = device.index
         self._watchdog = None
         self._stop = threading.Event()
@@ -113,7 +114,7 @@ class StreamProgress:
             # driver may hold the stream's creation (with the GIL) until that wait ends, which is the watchdog's job
             from .views import device_tensor_at
             self._side = torch.cuda.Stream(device)
-            self._counters = [device_tensor_at(a, (1,), torch.int64, device) for _, a in self.peers]
+            self._counters = [(p, device_tensor_at(a, (1,), torch.int64, device)) for p, a in self.peers]
             self._seen = torch.zeros(len(self.peers), dtype=torch.int64, pin_memory=True)
 
     def passed(self) -> int:
@@ -146,8 +147,7 @@ class StreamProgress:
             return
         capturing = self._capturing()
         try:
-            for _, address in self.peers:
-                self._wait(stream, address, epoch)
+            self._wait(stream, epoch)
         except DriverError as e:
             if capturing:
                 raise CaptureError(f"reusing a heap block inside CUDA graph capture needs a stream wait on the peers' "
@@ -168,8 +168,7 @@ class StreamProgress:
         into this process's view of the late counters), so the rank raises instead of hanging."""
         torch.cuda.set_device(self.device)
         self.driver.relax_capture()  # its reads must not break a graph another thread is capturing
-        side, seen_now = self._side, self._seen
-        counters = list(zip([p for p, _ in self.peers], self._counters))
+        side, seen_now, counters = self._side, self._seen, self._counters
         seen, since = None, None
         while not self._stop.wait(0.05):
             awaited = self._awaited

@@ -49,7 +49,9 @@ def access_descs(devices: Sequence[int]) -> List["cu.CUmemAccessDesc"]:
 
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
-_WRITE64, _WAIT64 = cu.cuStreamWriteValue64, cu.cuStreamWaitValue64  # a reuse's calls, looked up once
+_WRITE64, _BATCH = cu.cuStreamWriteValue64, cu.cuStreamBatchMemOp  # a free's and a reuse's calls, looked up once
+_WAIT_OP = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_64
+_MAX_BATCH = 256  # operations one cuStreamBatchMemOp takes
 
 
 def _check(call: str, result):
@@ -213,11 +215,28 @@ class CudaDriver:
         if result[0] != _SUCCESS:
             _check("cuStreamWriteValue64", result)
 
-    def stream_wait(self, stream: int, address: int, value: int) -> None:
-        """Hold the stream's later work until the 8 bytes at address (local or a peer's mapping) are >= value."""
-        result = _WAIT64(stream, address, value, _GEQ)
-        if result[0] != _SUCCESS:
-            _check("cuStreamWaitValue64", result)
+    def stream_waiter(self, addresses: Sequence[int]):
+        """A function (stream, value) that holds the stream's later work until the 8 bytes at each
+        address (local or a peer's mapping) are >= value, in one driver call for all of them: a
+        batch of N waits costs about what one wait does, N waits one by one N times that."""
+        params = []
+        for address in addresses:
+            p = cu.CUstreamBatchMemOpParams()
+            p.operation = _WAIT_OP
+            w = p.waitValue
+            w.operation, w.address, w.flags = _WAIT_OP, address, _GEQ
+            params.append(p)
+        batches = [(params[i:i + _MAX_BATCH], [p.waitValue for p in params[i:i + _MAX_BATCH]])
+                   for i in range(0, len(params), _MAX_BATCH)]
+
+        def wait(stream: int, value: int) -> None:
+            for batch, words in batches:
+                for w in words:
+                    w.value64 = value
+                result = _BATCH(stream, len(batch), batch, 0)
+                if result[0] != _SUCCESS:
+                    _check("cuStreamBatchMemOp", result)
+        return wait
 
     def relax_capture(self) -> None:
         """Let the calling thread use the driver while another thread captures a CUDA graph in global

@@ -178,9 +178,15 @@ class HipDriver:
         """Write value to the 8 bytes at address once the stream's earlier work has finished."""
         _check("hipStreamWriteValue64", hip.hipStreamWriteValue64(stream, address, value, 0))
 
-    def stream_wait(self, stream: int, address: int, value: int) -> None:
-        """Hold the stream's later work until the 8 bytes at address (local or a peer's mapping) are >= value."""
-        _check("hipStreamWaitValue64", hip.hipStreamWaitValue64(stream, address, value, _GTE, _ALL_BITS))
+    def stream_waiter(self, addresses: Sequence[int]):
+        """A function (stream, value) that holds the stream's later work until the 8 bytes at each
+        address (local or a peer's mapping) are >= value: one hipStreamWaitValue64 per address."""
+        addresses = list(addresses)
+
+        def wait(stream: int, value: int) -> None:
+            for address in addresses:
+                _check("hipStreamWaitValue64", hip.hipStreamWaitValue64(stream, address, value, _GTE, _ALL_BITS))
+        return wait
 
     def relax_capture(self) -> None:
         """Let the calling thread use the runtime while another thread captures a graph in global mode."""
