@@ -297,12 +297,14 @@ def train(group, device):
 if "ddp" in PARTS:
     li, pi = train(None, DEV)
     lg, pg = train(GLOO, torch.device("cpu"))
-    if DEV.type == "cpu":
+    if DEV.type == "cpu" and W == 2:  # two gradients sum alike in either order: equal to the bit
         same("DDP losses", li, lg)
         for i, (a, b) in enumerate(zip(pi, pg)):
             same(f"DDP parameter {i}", a, b)
-    elif not torch.allclose(li, lg, rtol=1e-5, atol=1e-6):
-        failures.append(f"DDP losses {li.tolist()} vs gloo {lg.tolist()}")
+    else:  # on GPUs, or 3+ terms (gloo's ring adds them in another order): last-bit differences
+        for name, a, b in [("losses", li, lg)] + [(f"parameter {i}", a, b) for i, (a, b) in enumerate(zip(pi, pg))]:
+            if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+                failures.append(f"DDP {name} {a.flatten()[:8].tolist()} vs gloo {b.flatten()[:8].tolist()}")
 
 # DTensor tensor parallelism: a column- then row-parallel MLP equals the unsharded one
 if "tp" in PARTS:
