@@ -10,9 +10,13 @@ The eager overhead, as the goal names it (<= 5 us per call): host time per `dist
 on heap tensors minus host time per call of the same ctx.ccl call on the same tensors, both in the same
 run, alternating within each sample, garbage collection off, median over samples of (calls
 back-to-back) / calls, the slowest rank's (`overhead_eager_us`). The control, `floor_host_us`: the
-same `dist.X` on a do-nothing ProcessGroup subclass registered like "iris" (torch's own dispatch into a
-Python backend, which no Python backend goes under). In a graph (<= 2 us): `overhead_graph_us`, device
-time per call of the captured dist.X minus the captured ctx.ccl call.
+same `dist.X` on a do-nothing ProcessGroup subclass registered like "iris" (torch's own Python in dist.X,
+which every backend pays, NCCL's too). In a graph (<= 2 us): `overhead_graph_us`, device
+time per call of the captured dist.X minus the captured ctx.ccl call; and what the graphs hold:
+`<row>_graph_nodes`, each graph's nodes by kind, kernels by name (for `graph_calls` calls; read with
+cuda-bindings, else `<row>_graph_nodes_error` says why), and `graph_nodes_equal`, whether dist.X's
+graph on heap tensors holds the same nodes as ctx.ccl's: a replay then launches the same work, which
+the device times cannot show where ranks time-slice one GPU.
 
 Device rows per (op, bytes): "iris_heap" dist.X on heap tensors (zero copy), "iris_plain" on ordinary
 tensors (through the staging area), "ccl" ctx.ccl's call on the heap tensors, "nccl" and "gloo" (CPU
@@ -49,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import captured, sync, write_result  # noqa: E402
+from common import captured, graph_nodes, sync, write_result  # noqa: E402
 
 import iris  # noqa: E402,F401  (registers the backend)
 from iris.torch_backend import Options, context  # noqa: E402
@@ -233,16 +237,17 @@ class Timer:
         return statistics.median(times)
 
     def graph(self, fn, calls=None):
-        """None without a GPU; else seconds per captured call (what the capture raised, as a string, when
-        it cannot be captured)."""
+        """(None, None) without a GPU; else (seconds per captured call, the graph's nodes by kind: see
+        common.graph_nodes); what the capture raised, as a string, where it cannot be captured."""
         if not self.gpu:
-            return None
+            return None, None
         calls = calls or self.calls
         try:
-            g = captured(fn, calls)
+            g = captured(fn, calls, keep=True)
         except Exception as e:  # a row records why instead of ending the run
             sync(self.dev)
-            return f"{type(e).__name__}: {e}"
+            return f"{type(e).__name__}: {e}", None
+        nodes = graph_nodes(g)
         g.replay()
         sync(self.dev)
         times = []
@@ -254,7 +259,7 @@ class Timer:
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e-3 / calls)
         del g
-        return statistics.median(times)
+        return statistics.median(times), nodes
 
 
 def slowest_row(row, group) -> dict:
@@ -450,11 +455,13 @@ def measure(op, nbytes, ctx, nothing, nccl, gloo, timer, host_samples, host_call
     for name, fn in calls.items():
         row[f"{name}_eager_us"] = timer.eager(fn, reps) * 1e6
         if not args.no_graph:
-            g = timer.graph(fn, reps)
+            g, nodes = timer.graph(fn, reps)
             if isinstance(g, str):
                 row[f"{name}_graph_error"] = g
             elif g is not None:
                 row[f"{name}_graph_us"] = g * 1e6
+                row["graph_calls"] = reps
+                row[f"{name}_graph_nodes" if isinstance(nodes, dict) else f"{name}_graph_nodes_error"] = nodes
     c_in, c_out = torch.ones(n_in), torch.empty(n_out)
     gloo_timer = Timer(torch.device("cpu"), max(1, min(5, (256 * MiB) // nbytes)), max(1, min(5, (64 * MiB) // nbytes)))
     row["gloo_eager_us"] = gloo_timer.eager(_dist_call(op, c_out, c_in, gloo)) * 1e6
@@ -464,6 +471,11 @@ def measure(op, nbytes, ctx, nothing, nccl, gloo, timer, host_samples, host_call
     a, b = row.get("iris_heap_graph_us"), row.get("ccl_graph_us")
     if a is not None and b is not None:
         row["overhead_graph_us"] = a - b
+    # the same nodes (kinds, kernels by name) in both graphs: a replay of dist.X launches ctx.ccl's work
+    # and nothing else, which the device times cannot show where ranks time-slice one GPU
+    a, b = row.get("iris_heap_graph_nodes"), row.get("ccl_graph_nodes")
+    if a is not None and b is not None:
+        row["graph_nodes_equal"] = a == b
     row = slowest_row(row, gloo)
     # the lambdas hold the tensors: drop them all before the next size allocates its own
     del h_in, h_out, p_in, p_out, calls, c_in, c_out
