@@ -112,15 +112,59 @@ def timed(dev, fn, reps: int, warmup: int = 2) -> list:
     return out
 
 
-def captured(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of `calls` calls of fn, after one call on a side stream (compiles and allocates)."""
+def captured(fn, calls: int = 1, keep: bool = False) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of fn, after one call on a side stream (compiles and allocates).
+    keep: the graph also keeps its cudaGraph_t, for graph_nodes (where torch can: CUDAGraph.raw_cuda_graph)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    keep = keep and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph")
+    graph = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
+    if keep:
+        graph.instantiate()  # a kept graph is otherwise instantiated by its first replay
     return graph
+
+
+def graph_nodes(graph) -> dict | str:
+    """The nodes of a graph made by captured(..., keep=True), counted by kind, kernels by their name
+    ({"kernel:name": n, "memcpy": m, ...}): two graphs that launch the same work count alike. A string
+    says why they cannot be read (no raw_cuda_graph in this torch, no cuda-bindings, the graph not
+    kept)."""
+    raw = getattr(graph, "raw_cuda_graph", None)
+    if raw is None:
+        return f"no CUDAGraph.raw_cuda_graph (torch {torch.__version__}) to read the graph's nodes"
+    try:
+        from cuda.bindings import driver
+    except ImportError as e:
+        return f"cuda-bindings cannot be imported to read the graph's nodes ({e})"
+
+    def ok(result):
+        err, *values = result
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(getattr(err, "name", str(err)))
+        return values
+
+    try:
+        handle = driver.CUgraph(raw())
+        _, count = ok(driver.cuGraphGetNodes(handle, 0))
+        nodes, _ = ok(driver.cuGraphGetNodes(handle, count)) if count else ([], 0)
+        kinds = {}
+        for node in nodes:
+            (kind,) = ok(driver.cuGraphNodeGetType(node))
+            key = kind.name.removeprefix("CU_GRAPH_NODE_TYPE_").lower()
+            if kind == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+                try:
+                    (params,) = ok(driver.cuGraphKernelNodeGetParams(node))
+                    (name,) = ok(driver.cuFuncGetName(params.func))
+                    key += ":" + (name.decode() if isinstance(name, bytes) else str(name))
+                except Exception:  # the kind alone where the kernel's name cannot be read
+                    pass
+            kinds[key] = kinds.get(key, 0) + 1
+        return dict(sorted(kinds.items()))
+    except Exception as e:  # a row records why instead of ending the run
+        return f"{type(e).__name__}: {e}"

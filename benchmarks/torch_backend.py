@@ -10,9 +10,13 @@ The eager overhead, as the goal names it (<= 5 us per call): host time per `dist
 on heap tensors minus host time per call of the same ctx.ccl call on the same tensors, both in the same
 run, alternating within each sample, garbage collection off, median over samples of (calls
 back-to-back) / calls, the slowest rank's (`overhead_eager_us`). The control, `floor_host_us`: the
-same `dist.X` on a do-nothing ProcessGroup subclass registered like "iris" (torch's own dispatch into a
-Python backend, which no Python backend goes under). In a graph (<= 2 us): `overhead_graph_us`, device
-time per call of the captured dist.X minus the captured ctx.ccl call.
+same `dist.X` on a do-nothing ProcessGroup subclass registered like "iris" (torch's own Python in dist.X,
+which every backend pays, NCCL's too). In a graph (<= 2 us): `overhead_graph_us`, device
+time per call of the captured dist.X minus the captured ctx.ccl call; and what the graphs hold:
+`<row>_graph_nodes`, each graph's nodes by kind, kernels by name (for `graph_calls` calls; read with
+cuda-bindings, else `<row>_graph_nodes_error` says why), and `graph_nodes_equal`, whether dist.X's
+graph on heap tensors holds the same nodes as ctx.ccl's: a replay then launches the same work, which
+the device times cannot show where ranks time-slice one GPU.
 
 Device rows per (op, bytes): "iris_heap" dist.X on heap tensors (zero copy), "iris_plain" on ordinary
 tensors (through the staging area), "ccl" ctx.ccl's call on the heap tensors, "nccl" and "gloo" (CPU
@@ -28,8 +32,12 @@ small sizes; --time-limit stops before a row that would end past it (its estimat
 row times the size step; from its second row, as the first includes compiling), and the JSON says
 "complete": false and why.
 
---dispatch-floor: host us per call at 4 KiB with ctx.ccl's call replaced by a no-op: the do-nothing
-backend, "iris", and that no-op called directly (the backend's own host work without any kernel).
+--dispatch-floor: host us per call at 4 KiB with ctx.ccl's call replaced by a no-op: dist.X on the
+do-nothing backend and on "iris", that no-op called directly, and each group's method called directly
+with the arguments dist.X hands it. This splits the overhead without any kernel: `torch_wrapper_us`
+(dist.X on the do-nothing backend minus its method called directly: torch's Python before any backend
+code, which every backend, NCCL's too, pays) and `iris_own_us` (iris's method called directly minus
+the no-op: the backend's own work).
 """
 from __future__ import annotations
 
@@ -45,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import captured, sync, write_result  # noqa: E402
+from common import captured, graph_nodes, sync, write_result  # noqa: E402
 
 import iris  # noqa: E402,F401  (registers the backend)
 from iris.torch_backend import Options, context  # noqa: E402
@@ -55,9 +63,11 @@ KiB, MiB = 1 << 10, 1 << 20
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 STEP = 4  # the size ratio between rows
 GOAL = "eager overhead (dist.X host time minus ctx.ccl's) <= 5 us per call; in a CUDA graph <= 2 us"
-# torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (the old names warn per call)
-_ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+# torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (the old names warn per call), and
+# the ProcessGroup methods they and all_to_all_single call
+_RENAMED = hasattr(dist, "all_gather_single")
+_ALL_GATHER = dist.all_gather_single if _RENAMED else dist.all_gather_into_tensor
+_REDUCE_SCATTER = dist.reduce_scatter_single if _RENAMED else dist.reduce_scatter_tensor
 
 
 def _shapes(op, nbytes, w):
@@ -78,6 +88,35 @@ def _dist_call(op, out, inp, group):
     if op == "reduce":
         return lambda: dist.reduce(inp, 0, group=group)
     return lambda: dist.broadcast(inp, 0, group=group)
+
+
+def _method_call(op, out, inp, group):
+    """group's method called as dist.X calls it for a Python ProcessGroup (the options, as dist.X fills
+    them, made once): dist.X's cost without torch's own Python."""
+    if op in ("all_reduce", "reduce_scatter", "reduce"):
+        opts = {"all_reduce": dist.AllreduceOptions, "reduce_scatter": dist.ReduceScatterOptions,
+                "reduce": dist.ReduceOptions}[op]()
+        opts.reduceOp = dist.ReduceOp.SUM
+    else:
+        opts = {"all_gather": dist.distributed_c10d.AllgatherOptions, "all_to_all": dist.AllToAllOptions,
+                "broadcast": dist.BroadcastOptions}[op]()
+    if op in ("reduce", "broadcast"):
+        opts.rootRank, opts.rootTensor = 0, 0
+    opts.asyncOp = False
+    if op == "all_reduce":
+        return lambda: group.allreduce([inp], opts)
+    if op == "all_gather":
+        return (lambda: group.all_gather_single(out, inp, opts)) if _RENAMED else (
+            lambda: group._allgather_base(out, inp, opts))
+    if op == "reduce_scatter":
+        return (lambda: group.reduce_scatter_single(out, inp, opts)) if _RENAMED else (
+            lambda: group._reduce_scatter_base(out, inp, opts))
+    if op == "all_to_all":
+        return (lambda: group.all_to_all_single(out, inp, [], [], opts)) if _RENAMED else (
+            lambda: group.alltoall_base(out, inp, [], [], opts))
+    if op == "reduce":
+        return lambda: group.reduce([inp], opts)
+    return lambda: group.broadcast([inp], opts)
 
 
 def _ccl_call(ccl, op, out, inp):
@@ -198,16 +237,17 @@ class Timer:
         return statistics.median(times)
 
     def graph(self, fn, calls=None):
-        """None without a GPU; else seconds per captured call (what the capture raised, as a string, when
-        it cannot be captured)."""
+        """(None, None) without a GPU; else (seconds per captured call, the graph's nodes by kind: see
+        common.graph_nodes); what the capture raised, as a string, where it cannot be captured."""
         if not self.gpu:
-            return None
+            return None, None
         calls = calls or self.calls
         try:
-            g = captured(fn, calls)
+            g = captured(fn, calls, keep=True)
         except Exception as e:  # a row records why instead of ending the run
             sync(self.dev)
-            return f"{type(e).__name__}: {e}"
+            return f"{type(e).__name__}: {e}", None
+        nodes = graph_nodes(g)
         g.replay()
         sync(self.dev)
         times = []
@@ -219,7 +259,7 @@ class Timer:
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e-3 / calls)
         del g
-        return statistics.median(times)
+        return statistics.median(times), nodes
 
 
 def slowest_row(row, group) -> dict:
@@ -242,9 +282,10 @@ def _nothing(ranks=None):
 def dispatch_floor(ctx, gloo, args) -> int:
     """Host microseconds per call with ctx.ccl's method replaced by a no-op: dist.X on a do-nothing
     backend (torch's dispatch floor for a Python backend), dist.X over "iris" (the floor plus the
-    backend's own per-call work), and the no-op called as dist.X's would be; 4 KiB heap tensors. The
-    ranks take turns."""
-    nothing = _nothing()
+    backend's own per-call work), the no-op called as dist.X's would be, and both groups' methods
+    called directly as dist.X calls them (without torch's Python); 4 KiB heap tensors. The ranks take
+    turns."""
+    nothing, iris_group = _nothing(), dist.distributed_c10d._get_default_group()
     rank, w, dev = dist.get_rank(), dist.get_world_size(), ctx.get_device()
     samples, calls = (5, 500) if args.quick else (31, 1000)
     rows = []
@@ -256,18 +297,21 @@ def dispatch_floor(ctx, gloo, args) -> int:
         setattr(ctx.ccl, op, lambda *a, **k: None)  # an instance attribute over the method, for these calls
         try:
             fns = [_dist_call(op, h_out, h_in, nothing), _dist_call(op, h_out, h_in, None),
-                   _ccl_call(ctx.ccl, op, h_out, h_in)]
+                   _ccl_call(ctx.ccl, op, h_out, h_in), _method_call(op, h_out, h_in, nothing),
+                   _method_call(op, h_out, h_in, iris_group)]
             # with no kernel the calls do not communicate: the ranks take turns, so that they do not
             # compete for the host's cores with each other
             for turn in range(w):
                 dist.barrier(group=gloo)
                 if rank == turn:
-                    floor, iris_stub, ccl_stub = host_us(fns, samples, calls, dev)
+                    floor, iris_stub, ccl_stub, nothing_direct, iris_direct = host_us(fns, samples, calls, dev)
         finally:
             delattr(ctx.ccl, op)
         row = slowest_row({"op": op, "bytes": nbytes, "nothing_us": floor, "iris_no_kernel_us": iris_stub,
                            "ccl_no_kernel_us": ccl_stub, "overhead_eager_us": iris_stub - ccl_stub,
-                           "iris_over_floor_us": iris_stub - floor}, gloo)
+                           "iris_over_floor_us": iris_stub - floor, "nothing_direct_us": nothing_direct,
+                           "torch_wrapper_us": floor - nothing_direct, "iris_direct_us": iris_direct,
+                           "iris_own_us": iris_direct - ccl_stub}, gloo)
         rows.append(row)
         if rank == 0:
             print(f"floor {op:15s} {nbytes:>6d} B  " + "  ".join(f"{k[:-3]}={v:.2f}" for k, v in row.items()
@@ -276,10 +320,14 @@ def dispatch_floor(ctx, gloo, args) -> int:
     if rank == 0:
         path = write_result("torch_backend-floor", {
             "rows": rows, "dtype": "float32", "samples": samples, "calls": calls, "goal": GOAL,
-            "note": "host us per call, gc off, the slowest rank's median; ctx.ccl's call replaced by a no-op "
-                    "in all three, the ranks taking turns: nothing = dist.X on a do-nothing backend (torch's "
-                    "dispatch floor), iris_no_kernel = dist.X over iris, ccl_no_kernel = the no-op called directly; "
-                    "overhead_eager = iris_no_kernel - ccl_no_kernel (the goal's measure without kernels)"},
+            "note": "host us per call, gc off, the slowest rank's median of each field; ctx.ccl's call replaced "
+                    "by a no-op in all five, the ranks taking turns: nothing = dist.X on a do-nothing backend "
+                    "(torch's dispatch floor), iris_no_kernel = dist.X over iris, ccl_no_kernel = the no-op called "
+                    "directly, nothing_direct and iris_direct = each group's method called directly with the "
+                    "arguments dist.X hands it (options made once); overhead_eager = iris_no_kernel - "
+                    "ccl_no_kernel (the goal's measure without kernels); torch_wrapper = nothing - nothing_direct "
+                    "(torch's Python in dist.X before any backend code, which every backend pays); iris_own = "
+                    "iris_direct - ccl_no_kernel (the backend's own work, without torch's wrapper)"},
             args.out)
         print(f"wrote {path}", flush=True)
     return 0
@@ -407,11 +455,13 @@ def measure(op, nbytes, ctx, nothing, nccl, gloo, timer, host_samples, host_call
     for name, fn in calls.items():
         row[f"{name}_eager_us"] = timer.eager(fn, reps) * 1e6
         if not args.no_graph:
-            g = timer.graph(fn, reps)
+            g, nodes = timer.graph(fn, reps)
             if isinstance(g, str):
                 row[f"{name}_graph_error"] = g
             elif g is not None:
                 row[f"{name}_graph_us"] = g * 1e6
+                row["graph_calls"] = reps
+                row[f"{name}_graph_nodes" if isinstance(nodes, dict) else f"{name}_graph_nodes_error"] = nodes
     c_in, c_out = torch.ones(n_in), torch.empty(n_out)
     gloo_timer = Timer(torch.device("cpu"), max(1, min(5, (256 * MiB) // nbytes)), max(1, min(5, (64 * MiB) // nbytes)))
     row["gloo_eager_us"] = gloo_timer.eager(_dist_call(op, c_out, c_in, gloo)) * 1e6
@@ -421,6 +471,11 @@ def measure(op, nbytes, ctx, nothing, nccl, gloo, timer, host_samples, host_call
     a, b = row.get("iris_heap_graph_us"), row.get("ccl_graph_us")
     if a is not None and b is not None:
         row["overhead_graph_us"] = a - b
+    # the same nodes (kinds, kernels by name) in both graphs: a replay of dist.X launches ctx.ccl's work
+    # and nothing else, which the device times cannot show where ranks time-slice one GPU
+    a, b = row.get("iris_heap_graph_nodes"), row.get("ccl_graph_nodes")
+    if a is not None and b is not None:
+        row["graph_nodes_equal"] = a == b
     row = slowest_row(row, gloo)
     # the lambdas hold the tensors: drop them all before the next size allocates its own
     del h_in, h_out, p_in, p_out, calls, c_in, c_out

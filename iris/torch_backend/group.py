@@ -34,6 +34,7 @@ _SUM = _R.SUM  # opts.reduceOp == _SUM is the cheapest test of the common op (no
 # keyed by the enum's int value: hashing torch's enum object costs a microsecond per call
 _OPS = {_R.SUM.value: "sum", _R.AVG.value: "avg", _R.MAX.value: "max", _R.MIN.value: "min", _R.PRODUCT.value: "product",
         _R.BAND.value: "band", _R.BOR.value: "bor", _R.BXOR.value: "bxor"}
+_CCL_SUM = ReduceOp.SUM  # a global: the enum's attribute costs 0.1 us per call
 _ON_CCL = {"sum": ReduceOp.SUM, "avg": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
 # ops reduced here, in rank order, over every rank's gathered input (ctx.ccl has no kernel for them)
 _LOCAL = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul,
@@ -139,20 +140,21 @@ def _cls(nbytes: int) -> int:
 class _Rows:
     """Per heap tensor, its bytes as one row of int32 words (1, nbytes / 4), the view all_to_all hands
     ctx.ccl, made once: two views cost about two microseconds per call. An entry is dropped with its
-    tensor, and made again where the tensor's storage moved."""
+    tensor, and made again where the tensor's storage moved (the caller has read its address and size:
+    the row's own are kept as ints, as reading them again costs as much as the checks)."""
 
     def __init__(self):
         self._by_id = {}
 
-    def of(self, t):
+    def of(self, t, ptr, nbytes):
+        """The row of t, a contiguous tensor at address ptr of nbytes bytes."""
         entry = self._by_id.get(id(t))
-        if entry is not None:
-            ref, row = entry
-            if ref() is t and row.data_ptr() == t.data_ptr() and row.nbytes == t.nbytes:
-                return row
+        if entry is not None and entry[0]() is t and entry[2] == ptr and entry[3] == nbytes:
+            return entry[1]
         row = t.view(1, -1).view(torch.int32)
         key = id(t)
-        self._by_id[key] = (weakref.ref(t, lambda _, key=key, table=self._by_id: table.pop(key, None)), row)
+        self._by_id[key] = (weakref.ref(t, lambda _, key=key, table=self._by_id: table.pop(key, None)), row, ptr,
+                            nbytes)
         return row
 
 
@@ -302,7 +304,7 @@ class IrisGroup(dist.ProcessGroup):
             t = tensors[0]
             p = t.data_ptr()
             if self._lo <= p < p + t.nbytes <= self._hi and t.dtype in _CCL_DTYPES and t.is_contiguous():
-                self._ccl.all_reduce(t, t, op=ReduceOp.SUM, group=self._ccl_group)
+                self._ccl.all_reduce(t, t, op=_CCL_SUM, group=self._ccl_group)
                 return self._work(tensors) if opts.asyncOp else None
         op = self._op("all_reduce", red)
         for t in tensors:
@@ -366,12 +368,16 @@ class IrisGroup(dist.ProcessGroup):
         if output.nbytes != w * nb or output.dtype != dtype:
             raise _refuse("all_gather_into_tensor", f"output must hold {w} x input's {input.numel()} elements of "
                                                     f"{dtype}; got {output.numel()} of {output.dtype}")
-        if nb % 4 == 0 and nb and self._direct(output) and self._direct(input):
-            if dtype in _WORDS and input.dim() == 1 == output.dim():  # words already: no helper calls
-                self._ccl.all_gather(output, input, group=self._ccl_group)
-            else:
-                self._ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
-        elif nb:
+        if nb and nb % 4 == 0:  # the common call, checks inlined
+            po, pi, lo, hi = output.data_ptr(), input.data_ptr(), self._lo, self._hi
+            if (lo <= po and po + w * nb <= hi and lo <= pi and pi + nb <= hi and output.is_contiguous()
+                    and input.is_contiguous()):
+                if dtype in _WORDS and input.dim() == 1 == output.dim():  # words already: no helper calls
+                    self._ccl.all_gather(output, input, group=self._ccl_group)
+                else:
+                    self._ccl.all_gather(_words(output), _words(input), group=self._ccl_group)
+                return self._work([output]) if opts is None or opts.asyncOp else None
+        if nb:
             rows = self._gathered_bytes(input, "all_gather_into_tensor")
             output.view(w, -1).copy_(rows[:, :input.nbytes].view(input.dtype).view(w, -1))
         return self._done(opts, [output])
@@ -401,10 +407,12 @@ class IrisGroup(dist.ProcessGroup):
         call, w, red = "reduce_scatter_tensor", self._w, opts.reduceOp
         if red == _SUM and w > 1:  # the common call, checks inlined
             nb, dtype = output.nbytes, output.dtype
-            if (input.nbytes == w * nb and nb and input.dtype == dtype and dtype in _CCL_DTYPES
-                    and self._direct(output) and self._direct(input)):
-                self._ccl.reduce_scatter(_flat(output), _flat(input), op=ReduceOp.SUM, group=self._ccl_group)
-                return self._work([output]) if opts.asyncOp else None
+            if nb and input.nbytes == w * nb and input.dtype == dtype and dtype in _CCL_DTYPES:
+                po, pi, lo, hi = output.data_ptr(), input.data_ptr(), self._lo, self._hi
+                if (lo <= po and po + nb <= hi and lo <= pi and pi + w * nb <= hi and output.is_contiguous()
+                        and input.is_contiguous()):
+                    self._ccl.reduce_scatter(_flat(output), _flat(input), op=_CCL_SUM, group=self._ccl_group)
+                    return self._work([output]) if opts.asyncOp else None
         op = self._op(call, red)
         if op != "sum":
             self._check_op(call, op, output)
@@ -455,11 +463,14 @@ class IrisGroup(dist.ProcessGroup):
         if self._queued:
             self._flush()
         call, w, nb = "all_to_all_single", self._w, input.nbytes
-        if (not output_split_sizes and not input_split_sizes and nb and nb % (4 * w) == 0  # the common call
-                and output.nbytes == nb and output.dtype == input.dtype and input.numel() % w == 0
-                and self._direct(output) and self._direct(input)):
-            self._ccl.all_to_all(self._rows.of(output), self._rows.of(input), group=self._ccl_group)
-            return self._work([output]) if opts is None or opts.asyncOp else None
+        if not output_split_sizes and not input_split_sizes and nb and nb % (4 * w) == 0:  # the common call
+            pi, po, lo, hi = input.data_ptr(), output.data_ptr(), self._lo, self._hi
+            if (lo <= pi and pi + nb <= hi and lo <= po and po + nb <= hi and output.nbytes == nb
+                    and output.dtype == input.dtype and input.numel() % w == 0 and input.is_contiguous()
+                    and output.is_contiguous()):
+                rows = self._rows
+                self._ccl.all_to_all(rows.of(output, po, nb), rows.of(input, pi, nb), group=self._ccl_group)
+                return self._work([output]) if opts is None or opts.asyncOp else None
         if output.dtype != input.dtype:
             raise _refuse(call, f"output is {output.dtype} but input is {input.dtype}; they must match")
         if not output_split_sizes and not input_split_sizes:
@@ -529,6 +540,13 @@ class IrisGroup(dist.ProcessGroup):
             self._flush()
         root = opts.rootRank
         src = self._members[root]
+        if len(tensors) == 1 and self._w > 1:  # the common call, checks inlined
+            t = tensors[0]
+            p, nb = t.data_ptr(), t.nbytes
+            if nb % 4 == 0 and self._lo <= p < p + nb <= self._hi and t.is_contiguous():
+                flat = _words(t)
+                self._ccl.broadcast(flat, flat, src=src, group=self._ccl_group)
+                return self._work(tensors) if opts.asyncOp else None
         for t in tensors:
             nb = t.nbytes
             if nb == 0 or self._w == 1:
@@ -549,9 +567,14 @@ class IrisGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         if self._queued:
             self._flush()
-        call = "reduce"
-        op = self._op(call, opts.reduceOp)
-        root = opts.rootRank
+        call, red, root = "reduce", opts.reduceOp, opts.rootRank
+        if red == _SUM and len(tensors) == 1 and self._w > 1:  # the common call, checks inlined
+            t = tensors[0]
+            p = t.data_ptr()
+            if self._lo <= p < p + t.nbytes <= self._hi and t.dtype in _CCL_DTYPES and t.is_contiguous():
+                self._ccl.reduce(t, t, dst=root, op=_CCL_SUM, group=self._ccl_group)
+                return self._work(tensors) if opts.asyncOp else None
+        op = self._op(call, red)
         for t in tensors:
             if op != "sum":
                 self._check_op(call, op, t)
