@@ -97,7 +97,7 @@ class Iris:
             # allocated first, so no scope() or free can take it
             self.reserve = Reserve(self.heap.new_tensor(torch.Size((reserve,)), torch.uint8), self.world, ccl_puts,
                                    indirect)
-            self.heap.use_counters(self.reserve.progress)  # reuse of freed blocks, in stream order
+            self.heap.use_counters(self.reserve.progress, indirect)  # reuse of freed blocks, in stream order
             self._device_context = None
             self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them

@@ -118,13 +118,15 @@ class Lifetimes:
         self._scopes: List[list] = []         # per open scope, weak references to the tensors handed out in it
         self._track = None                    # the innermost scope's list.append, or None outside scopes
 
-    def use_counters(self, counters: torch.Tensor) -> None:
+    def use_counters(self, counters: torch.Tensor, park: bool = False) -> None:
         """Reuse in stream order from now on: counters is a zeroed heap tensor of at least 8 bytes at
-        the same offset on every rank, which only the heap writes."""
+        the same offset on every rank, which only the heap writes. park: some rank of the job has an
+        indirect peer, whose progress it cannot read (see _parked); every rank must be told alike, as
+        a rank that reuses at once where another parks would hand out other offsets."""
         from .progress import make_progress
         self.progress = make_progress(self.driver, self.bases, counters.data_ptr() - self._base, self.rank,
                                       self.device)
-        if not all(self.bases):  # indirect peers: their progress is not readable here (see _parked)
+        if park:
             self._parked = []
 
     def owner_added(self, block: Block) -> None:
