@@ -30,7 +30,7 @@ all_to_all, reduce: the tensor; all_gather: one rank's input; reduce_scatter: on
 Rows go size by size (every op at 4 KiB, then at 16 KiB, ...), so a run cut short keeps every op's
 small sizes; --time-limit stops before a row that would end past it (its estimate: the op's previous
 row times the size step; from its second row, as the first includes compiling), and the JSON says
-"complete": false and why.
+"complete": false and why; --min-bytes resumes such a run at the size it did not reach.
 
 --dispatch-floor: host us per call at 4 KiB with ctx.ccl's call replaced by a no-op: dist.X on the
 do-nothing backend and on "iris", that no-op called directly, and each group's method called directly
@@ -345,6 +345,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="JSON file (rank 0); default benchmarks/results/torch_backend-<gpu|host>-<n>ranks.json")
     p.add_argument("--quick", action="store_true", help="4 KiB and 16 KiB, 2 samples of 3 calls (the host)")
     p.add_argument("--max-bytes", type=int, default=256 * MiB, help="the largest size (default 256 MiB)")
+    p.add_argument("--min-bytes", type=int, default=4 * KiB, help="the smallest size (default 4 KiB), to resume a run "
+                   "that a time limit stopped")
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds from start: no row starts that would end past it (the JSON says so)")
     p.add_argument("--ops", default=",".join(OPS))
@@ -355,7 +357,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     gpu = torch.cuda.is_available()
     sizes = [4 * KiB, 16 * KiB] if args.quick else [s for s in (4 * KiB * STEP ** k for k in range(9))
-                                                     if s <= args.max_bytes]
+                                                     if args.min_bytes <= s <= args.max_bytes]
     top, w_env = max(sizes), int(os.environ.get("WORLD_SIZE", "1"))
     staging = (2 * w_env + 2) * top
     # one size's heap tensors live at a time (freed before the next), but ctx.ccl keeps a plan and its
