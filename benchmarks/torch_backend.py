@@ -63,11 +63,9 @@ KiB, MiB = 1 << 10, 1 << 20
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 STEP = 4  # the size ratio between rows
 GOAL = "eager overhead (dist.X host time minus ctx.ccl's) <= 5 us per call; in a CUDA graph <= 2 us"
-# torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (the old names warn per call), and
-# the ProcessGroup methods they and all_to_all_single call
-_RENAMED = hasattr(dist, "all_gather_single")
-_ALL_GATHER = dist.all_gather_single if _RENAMED else dist.all_gather_into_tensor
-_REDUCE_SCATTER = dist.reduce_scatter_single if _RENAMED else dist.reduce_scatter_tensor
+# torch 2.13 renames all_gather_into_tensor and reduce_scatter_tensor (the old names warn per call)
+_ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
 def _shapes(op, nbytes, w):
@@ -105,15 +103,13 @@ def _method_call(op, out, inp, group):
     opts.asyncOp = False
     if op == "all_reduce":
         return lambda: group.allreduce([inp], opts)
+    # each group binds torch's older method names (_allgather_base, ...) to these same functions
     if op == "all_gather":
-        return (lambda: group.all_gather_single(out, inp, opts)) if _RENAMED else (
-            lambda: group._allgather_base(out, inp, opts))
+        return lambda: group.all_gather_single(out, inp, opts)
     if op == "reduce_scatter":
-        return (lambda: group.reduce_scatter_single(out, inp, opts)) if _RENAMED else (
-            lambda: group._reduce_scatter_base(out, inp, opts))
+        return lambda: group.reduce_scatter_single(out, inp, opts)
     if op == "all_to_all":
-        return (lambda: group.all_to_all_single(out, inp, [], [], opts)) if _RENAMED else (
-            lambda: group.alltoall_base(out, inp, [], [], opts))
+        return lambda: group.all_to_all_single(out, inp, [], [], opts)
     if op == "reduce":
         return lambda: group.reduce([inp], opts)
     return lambda: group.broadcast([inp], opts)
