@@ -350,6 +350,8 @@ def main(argv=None) -> int:
     p.add_argument("--dispatch-floor", action="store_true",
                    help="host us per call with ctx.ccl's call a no-op: do-nothing backend, iris, the no-op")
     args = p.parse_args(argv)
+    if not 4 * KiB <= args.min_bytes <= args.max_bytes:
+        p.error(f"--min-bytes {args.min_bytes} must be at least {4 * KiB} and at most --max-bytes {args.max_bytes}")
     start = time.perf_counter()
     gpu = torch.cuda.is_available()
     sizes = [4 * KiB, 16 * KiB] if args.quick else [s for s in (4 * KiB * STEP ** k for k in range(9))
