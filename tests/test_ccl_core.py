@@ -1,12 +1,16 @@
 """ccl's core on its own, in one process: the split of a call among programs, the element counts per
 collective, the argument checks and group resolution, the reserve's layout, and the grouped tile order
 that ccl's kernels and the GEMM share."""
+import warnings
+from types import SimpleNamespace
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from iris.ccl import CollectiveError, Config
+from iris.ccl import CollectiveError, Config, subsets
+from iris.ccl.config import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, GLUON_ONLY, REDUCE_SCATTER
 from iris.ccl.checks import Groups, on_heap, overlap, position, tensor
 from iris.ccl.kernels.common import _tile_mn
 from iris.ccl.modes import MODES, elements
@@ -43,9 +47,24 @@ def test_elements_per_collective():
         48, 48, 48, 24, 24, 24, 24, 0]
     assert {row.name for row in MODES.values()} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                                     "broadcast"}
-    for row in MODES.values():  # the group kernel's values are values the Config field takes
-        for v in row.group:
-            Config(**{row.variant: v})
+
+
+
+def test_group_routes_cover_every_variant():
+    """Over a subset group, every value of each collective's Config field has a kernel (tdm is Gluon's);
+    the push all_reduce variants run their pull twins, warning once."""
+    ccl = SimpleNamespace(warned=set())
+    values = {"all_reduce_variant": ALL_REDUCE, "all_gather_variant": ALL_GATHER, "all_to_all_variant": ALL_TO_ALL,
+              "reduce_scatter_variant": REDUCE_SCATTER}
+    for mode, row in MODES.items():
+        for v in values.get(row.variant, (None,)):
+            if v == GLUON_ONLY:
+                continue
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                how = subsets.route(ccl, mode, Config(**({row.variant: v} if v else {})))
+            assert how in subsets.ROUTES.values() and len(seen) == (v in subsets.STAND_INS), (mode, v)
+    assert subsets.route(ccl, "ar", Config(all_reduce_variant="two_shot_push")).build is subsets._two_shot
 
 
 def test_tensor_checks_name_the_problem():
@@ -86,8 +105,10 @@ def test_reserve_views_are_disjoint_and_fit(world, puts):
     block = torch.full((size,), 0xAB, dtype=torch.uint8)  # poisoned: the reserve zeroes it
     r = reserve.Reserve(block, world, puts, indirect=puts)
     assert r.nbytes == size and r.puts is puts and int(block.max()) == 0
-    views = [r.barrier_flags, r.group_counters] + ([r.put_counters, r.put_area] if puts else [])
+    views = [r.barrier_flags, r.group_counters, r.group_locks, r.ring_slots, r.ring_flags, r.progress] + (
+        [r.put_counters, r.put_area] if puts else [])
     assert r.group_counters.shape == (reserve.GROUP_PROGRAMS, world)
+    assert r.ring_slots.numel() == reserve.RING_PROGRAMS * reserve.RING_SLOT and (r.ring_slots.data_ptr() - block.data_ptr()) % 256 == 0
     assert (r.put_counters is None) is (not puts)
     spans = sorted((v.data_ptr(), v.data_ptr() + v.nbytes) for v in views)
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))

@@ -1,8 +1,11 @@
 """ctx.ccl over subset groups (group=) against torch references: real ranks on the host driver (kernels
 in the interpreter) and on GPUs. Outputs are poisoned before every call and checked element by element;
-every call overwrites the inp its peers just read, so a missing "done" signal shows as wrong data."""
+every call overwrites the inp its peers just read, so a missing "done" signal shows as wrong data.
+Every Config variant runs over consecutive, strided and arbitrary groups (check_variants), each with
+only the tensors its kernel needs on the heap."""
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch
 import iris
 from iris.ccl import CollectiveError, Config, ReduceOp
 from test_ccl import POISON, _data, _dist, _poisoned, _reduce, _same, graph_wrong, wrong_errors
+from test_ccl_variants import owned
 
 OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN)
 
@@ -94,6 +98,14 @@ def check_group_errors(ctx, heap, pair):
         (lambda: ctx.ccl.all_reduce(h, h, group="ranks"), TypeError, "torch.distributed group"),
         (lambda: ctx.ccl.all_reduce(torch.ones(10, dtype=torch.int32, device=dev), h, group=pair),
          CollectiveError, "must match"),
+        (lambda: ctx.ccl.all_reduce(torch.ones(10, device=dev), h, group=pair, config=Config(
+            all_reduce_variant="two_shot")), CollectiveError, "stores into the members' out"),
+        (lambda: ctx.ccl.all_reduce(torch.ones(10, device=dev), torch.ones(10, device=dev), group=pair, config=Config(
+            all_reduce_variant="spinlock")), CollectiveError, "stores into the members' out"),
+        (lambda: ctx.ccl.all_gather(torch.ones(20, device=dev), h, group=pair, config=Config(
+            all_gather_variant="persistent")), CollectiveError, "stores into the members' out"),
+        (lambda: ctx.ccl.all_reduce(heap((11,), torch.float32)[1:], h, group=pair, config=Config(
+            all_reduce_variant="two_shot")), CollectiveError, "in-place form"),
     ]
     bad = wrong_errors(cases if r in pair else cases[:2])  # the others are pair's calls
     if set(ctx.heap.alloc.offsets.live) != live or len(ctx.ccl.plans) != plans:
@@ -153,6 +165,212 @@ def test_groups_host():
     out = iris.spawn(rank_groups, 4, args=([torch.float32, torch.bfloat16, torch.int32], 1))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r}: {bad[:10]}"
+
+
+# -- every variant over consecutive, strided and arbitrary groups --------------------------------------------
+# what each group call's kernel needs on the heap (i: inp, o: out: the same allocation on every member);
+# the other tensors are plain ones, which must work
+NEEDS = {("ar", "one_shot"): "i", ("ar", "two_shot"): "io", ("ar", "atomic"): "o", ("ar", "spinlock"): "o",
+         ("ar", "ring"): "", ("ag", "pull"): "i", ("ag", "persistent"): "o", ("ag", "partitioned"): "o",
+         ("ag", "ring"): "", ("rs", "two_shot"): "i", ("rs", "ring_chunked"): "", ("rst", "two_shot"): "i",
+         ("rst", "ring_chunked"): "", ("a2a", "default"): "i"}
+FIELD = {"ar": "all_reduce_variant", "ag": "all_gather_variant", "rs": "reduce_scatter_variant",
+         "rst": "reduce_scatter_variant", "a2a": "all_to_all_variant"}
+ORDERLESS = ("atomic", "spinlock")  # sums in arrival order: their inputs are small integers, exact in any order
+
+
+def _small(shape, dtype, rank, rep, device):
+    g = torch.Generator().manual_seed(100 * rep + rank)
+    return torch.randint(-30, 31, shape, generator=g).to(dtype).to(device)
+
+
+def _cyclic(xs, first, op):
+    """xs combined by op from position `first` on, around the group: a ring's order."""
+    return _reduce([xs[(first + i) % len(xs)] for i in range(len(xs))], op)
+
+
+def _ring_reduced(xs, slice_, op):
+    """The ring all_reduce's result: element e lies in slice s = (e mod slice_*g) // slice_ of its tile,
+    which is combined from position s on."""
+    g, flat = len(xs), xs[0].reshape(-1)
+    s = (torch.arange(flat.numel(), device=flat.device) % (slice_ * g)) // slice_
+    want = torch.empty_like(flat)
+    for first in range(g):
+        want[s == first] = _cyclic(xs, first, op).reshape(-1)[s == first]
+    return want.view(xs[0].shape)
+
+
+def _plan(ctx, mode, group, op, inp, out, cfg):
+    ranks = ctx.ccl.groups.of(group, "test")[0]
+    return ctx.ccl.plans[("group", mode, ranks, op, inp.shape, out.shape, inp.dtype, cfg.key(), 0)]
+
+
+def check_variant(ctx, place, group, ranks, mode, variant, cfg, op, dtype, rep, in_place=True, m=5, ncol=7, n=37):
+    """One variant over group, out of place (inp unchanged, out poisoned first), then in place; place(which,
+    shape) gives inp's ("i") or out's ("o") tensor, on the heap where the kernel needs it ("": in place's).
+    Returns failures."""
+    r, dev, g, ccl = ctx.rank, ctx.device, len(ranks), ctx.ccl
+    me, bad, tag = ranks.index(r), [], (mode, variant, tuple(ranks), str(dtype), op.value)
+    data = _small if variant in ORDERLESS else _data
+    ring = variant in ("ring", "ring_chunked")
+
+    def check(what, got, want):
+        if not _same(got, want):
+            bad.append(tag + (what, got.flatten()[:4].tolist(), want.flatten()[:4].tolist()))
+
+    if mode == "ar":
+        xs = [data((n,), dtype, q, rep, dev) for q in ranks]
+        x, out = place("i", (n,)).copy_(xs[me]), place("o", (n,)).fill_(POISON)
+        ccl.all_reduce(out, x, op=op, group=group, config=cfg)
+        plan = _plan(ctx, mode, group, op, x, out, cfg)
+        want = _ring_reduced(xs, plan.args[plan.at["SLICE"]], op) if ring else _reduce(xs, op)
+        check("out", out, want)
+        check("inp", x, xs[me])
+        if not in_place:
+            return bad
+        y = place("", (n,)).copy_(xs[me])
+        ccl.all_reduce(y, y, op=op, group=group, config=cfg)
+        check("in place", y, want)
+    elif mode == "ag":
+        xs = [data((m, ncol), dtype, q, rep, dev) for q in ranks]
+        x, out = place("i", (m, ncol)).copy_(xs[me]), place("o", (g * m, ncol)).fill_(POISON)
+        ccl.all_gather(out, x, group=group, config=cfg)
+        check("out", out, torch.cat(xs))
+        check("inp", x, xs[me])
+        if in_place and variant != "pull":  # pull's peers read inp at their own offset: refused in place (check_group_errors)
+            y = place("o", (g * m, ncol)).fill_(POISON)
+            y[me * m:(me + 1) * m].copy_(xs[me])
+            ccl.all_gather(y, y[me * m:(me + 1) * m], group=group, config=cfg)
+            check("in place", y, torch.cat(xs))
+    elif mode in ("rs", "rst"):
+        rows = g * m if mode == "rs" else m
+        xs = [data((rows, ncol), dtype, q, rep, dev) for q in ranks]
+        red = _cyclic(xs, me + 1, op) if ring else _reduce(xs, op)  # ring: a part starts after its owner
+        poison = _poisoned((m, ncol), dtype, dev)
+        mine = owned(m, ncol, cfg, me, g).to(dev) if mode == "rst" else None
+        want = red[me * m:(me + 1) * m] if mode == "rs" else torch.where(mine, red, poison)
+        x, out = place("i", (rows, ncol)).copy_(xs[me]), place("o", (m, ncol)).copy_(poison)
+        ccl.reduce_scatter(out, x, op=op, group=group, config=cfg)
+        check("out", out, want)
+        check("inp", x, xs[me])
+        if not in_place:
+            return bad
+        y = place("", (rows, ncol)).copy_(xs[me])
+        part = y[me * m:(me + 1) * m] if mode == "rs" else y
+        ccl.reduce_scatter(part, y, op=op, group=group, config=cfg)
+        check("in place", part, want if mode == "rs" else torch.where(mine, red, xs[me]))
+    else:
+        xs = [data((m, ncol * g), dtype, q, rep, dev) for q in ranks]
+        want = torch.cat([xs[q][:, me * ncol:(me + 1) * ncol] for q in range(g)], 1)
+        x, out = place("i", (m, ncol * g)).copy_(xs[me]), place("o", (m, ncol * g)).fill_(POISON)
+        ccl.all_to_all(out, x, group=group, config=cfg)
+        check("out", out, want)
+        check("inp", x, xs[me])
+        if not in_place:
+            return bad
+        y = place("", (m, ncol * g)).copy_(xs[me])
+        ccl.all_to_all(y, y, group=group, config=cfg)
+        check("in place", y, want)
+    return bad
+
+
+def check_variants(ctx, slots, slot, group, ranks, dtypes, rep, **knobs):
+    """Every variant of every collective (NEEDS) over group once, dtypes, reductions and which variants also
+    run in place turning with rep (0, 1, 2: each variant in place once over three groups). Small blocks and
+    tiles (several programs and steps, a partial last block or tile); knobs: Config fields over those.
+    slots: two heap areas per slot (inp's, out's), `slot` this group's."""
+    g, bad = len(ranks), []
+    for i, ((mode, variant), needs) in enumerate(NEEDS.items()):
+        base = dict(block_size=16, comm_sms=2 * g if variant == "partitioned" else 2, block_size_m=2,
+                    block_size_n=4, swizzle_size=2, all_reduce_distribution=rep % 2)
+        base.update(knobs)
+        if mode == "rst" and g == 1:  # one rank: out shaped as inp is torch's layout
+            continue
+        dtype = dtypes[(i + rep) % len(dtypes)]
+        op = ReduceOp.SUM if variant in ORDERLESS or mode == "a2a" else OPS[(i + rep) % 3]
+
+        def place(which, shape, needs=needs, dtype=dtype):
+            if which and which not in needs or not which and not needs:
+                return torch.empty(shape, dtype=dtype, device=ctx.device)
+            return slots(2 * slot + (which == "o"), shape, dtype)
+
+        bad += check_variant(ctx, place, group, ranks, mode, variant, Config(**base, **{FIELD[mode]: variant}), op,
+                             dtype, rep, (i + rep) % 3 == 0)
+    return bad
+
+
+def check_wide_pieces(ctx, slots, slot, group, ranks):
+    """The rings at blocks and tiles wider than a slot of iris's reserve (RING_SLOT): they move in pieces."""
+    heap = lambda which, shape, dtype=torch.float32: slots(2 * slot + (which == "o"), shape, dtype)  # noqa: E731
+    bad = []
+    for mode, variant, knobs, shape in (("ar", "ring", dict(block_size=1 << 14), dict(n=9001)),
+                                        ("ag", "ring", dict(block_size=1 << 13), dict(m=71, ncol=70)),
+                                        ("rs", "ring_chunked", dict(block_size=1 << 13), dict(m=71, ncol=70)),
+                                        ("rst", "ring_chunked", dict(block_size_m=128, block_size_n=64),
+                                         dict(m=140, ncol=70))):
+        if mode == "rst" and len(ranks) == 1:
+            continue
+        cfg = Config(comm_sms=3, **knobs, **{FIELD[mode]: variant})
+        bad += check_variant(ctx, lambda w, s: heap(w or "i", s), group, ranks, mode, variant, cfg, ReduceOp.SUM,
+                             torch.float32, 7, **shape)
+    return bad
+
+
+def check_stand_in(ctx, slots, slot, group, ranks):
+    """one_shot_push over a group runs one_shot, warning once."""
+    x = slots(2 * slot, (37,), torch.float32)
+    xs = [_data((37,), torch.float32, q, 3, ctx.device) for q in ranks]
+    x.copy_(xs[ranks.index(ctx.rank)])
+    out = _poisoned((37,), torch.float32, ctx.device)
+    cfg = Config(all_reduce_variant="one_shot_push", block_size=16, comm_sms=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ctx.ccl.all_reduce(out, x, group=group, config=cfg)
+        ctx.ccl.all_reduce(out, x, group=group, config=cfg)
+    said = [str(w.message) for w in seen if "runs 'one_shot' there" in str(w.message)]
+    return ([] if _same(out, _reduce(xs, ReduceOp.SUM)) else ["one_shot_push stand-in: wrong out"]) + (
+        [] if len(said) == 1 else [("one_shot_push stand-in warned", len(said))])
+
+
+def variant_groups(ctx, dist):
+    """(kind, group, ranks) of this rank: consecutive, strided (a torch group) and an arbitrary subset in its
+    own order; at 4 ranks [0, 1] [2, 3] / [0, 2] [1, 3] / (3, 0, 2) [1]; at 3, [0, 1] [2] / [0, 2] [1] /
+    (2, 0, 1) (every rank, out of order: still the group kernels)."""
+    r, w = ctx.rank, ctx.world
+    half = w // 2
+    consecutive = [list(range(half)), list(range(half, w))] if w % 2 == 0 else [[0, 1], [2]]
+    strided = [list(range(0, w, 2)), list(range(1, w, 2))]
+    torch_strided = [dist.new_group(s) for s in strided]  # collective: every rank makes every group
+    arbitrary = [[3, 0, 2], [1]] if w == 4 else [[2, 0, 1]]
+    out = []
+    for kind, sets in enumerate((consecutive, strided, arbitrary)):
+        ranks = next(s for s in sets if r in s)
+        group = torch_strided[sets.index(ranks)] if kind == 1 else (tuple(ranks) if kind == 2 else ranks)
+        out.append((kind, group, ranks))
+    return out
+
+
+def rank_variants(dtypes, wide):
+    ctx = iris.iris(heap_size=1 << 24)
+    dist = _dist(ctx)
+    slots = Slots(ctx, 6, 8 * 140 * 70 * ctx.world)
+    bad = []
+    for kind, group, ranks in variant_groups(ctx, dist):
+        bad += check_variants(ctx, slots, kind, group, ranks, dtypes, kind)
+        if kind == 2:
+            bad += check_stand_in(ctx, slots, kind, group, ranks)
+        if kind == wide:
+            bad += check_wide_pieces(ctx, slots, kind, group, ranks)
+    dist.destroy_process_group()
+    ctx.close()
+    return bad
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_group_variants_host(world):
+    out = iris.spawn(rank_variants, world, args=([torch.float32, torch.bfloat16, torch.int32], world - 3))
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of {world}: {bad[:10]}"
 
 
 # -- GPUs: 4 ranks (on however many GPUs there are), larger sizes, eager repeats and a CUDA graph ----------

@@ -90,34 +90,38 @@ def check_reduce_scatter_rows(ctx, rows, dtype, cfg, reps=1):
     return bad + _ran(ctx, "rs", out, xs[r], cfg, cfg.reduce_scatter_variant)
 
 
-def _owned(t, tiles, rank, world, dist):
-    """Whether rank owns tile t (Config.all_reduce_distribution 0: round robin; 1: contiguous runs)."""
-    return t % world == rank if dist == 0 else t // -(-tiles // world) == rank
+def owned(m, n, cfg, rank, world):
+    """Which elements of an (m, n) tensor lie in rank's tiles in Iris's reduce_scatter layout: tiles of
+    block_size_m x block_size_n in Iris's swizzled order (swizzle_size tile rows per group), dealt by
+    Config.all_reduce_distribution (0: round robin; 1: contiguous runs)."""
+    bm, bn, group = cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size
+    grid_m, grid_n = -(-m // bm), -(-n // bn)
+    tiles = grid_m * grid_n
+    mine = torch.zeros((m, n), dtype=torch.bool)
+    for t in range(tiles):
+        if (t % world == rank) if cfg.all_reduce_distribution == 0 else (t // -(-tiles // world) == rank):
+            first = (t // (group * grid_n)) * group
+            rows = min(grid_m - first, group)
+            pm, pn = first + (t % (group * grid_n)) % rows, (t % (group * grid_n)) // rows
+            mine[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = True
+    return mine
 
 
 def check_tile_reduce_scatter(ctx, m, n, cfg, dtype=torch.float32, rep=0, reps=1):
     """reduce_scatter in Iris's layout (out shaped as inp): this rank's tiles, in Iris's swizzled order,
     hold the sum; every other element of out keeps its poison. reps: back to back calls, new data."""
     r, w, dev = ctx.rank, ctx.world, ctx.device
-    bm, bn, group = cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size
     out, bad = torch.empty((m, n), dtype=dtype, device=dev), []
+    mine = owned(m, n, cfg, r, w).to(dev)
     for rep in range(rep, rep + reps):
         xs = [_data((m, n), dtype, q, rep, dev) for q in range(w)]
         out.fill_(POISON)
         ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
-        want = torch.full((m, n), POISON, dtype=dtype, device=dev)
-        total, grid_m, grid_n = _sum(xs), -(-m // bm), -(-n // bn)
-        tiles = grid_m * grid_n
-        for t in range(tiles):
-            if _owned(t, tiles, r, w, cfg.all_reduce_distribution):
-                first = (t // (group * grid_n)) * group
-                rows = min(grid_m - first, group)
-                pm, pn = first + (t % (group * grid_n)) % rows, (t % (group * grid_n)) // rows
-                want[pm * bm:(pm + 1) * bm, pn * bn:(pn + 1) * bn] = total[pm * bm:(pm + 1) * bm,
-                                                                           pn * bn:(pn + 1) * bn]
+        want = torch.where(mine, _sum(xs), torch.full((m, n), POISON, dtype=dtype, device=dev))
         if not torch.equal(out, want):
-            bad.append(("reduce_scatter tiles", cfg.reduce_scatter_variant, (m, n), (bm, bn, group),
-                        cfg.all_reduce_distribution, str(dtype), rep))
+            bad.append(("reduce_scatter tiles", cfg.reduce_scatter_variant, (m, n),
+                        (cfg.block_size_m, cfg.block_size_n, cfg.swizzle_size), cfg.all_reduce_distribution,
+                        str(dtype), rep))
     return bad + _ran(ctx, "rst", out, xs[r], cfg, cfg.reduce_scatter_variant)
 
 
@@ -184,13 +188,13 @@ def check_refusals(ctx):
         (lambda: Config(all_gather_variant="tdm"), ConfigError, "use_gluon=True"),
         (lambda: ctx.ccl.all_reduce(x, x, config=Config(use_gluon=True)), ConfigError, "no Gluon kernel"),
         (lambda: ctx.ccl.all_reduce(x, x, group=[0], config=Config(all_reduce_variant="ring")),
-         (ConfigError, CollectiveError), "ring" if ctx.rank == 0 else "not in group"),
+         CollectiveError, "not in group") if ctx.rank else
+        (lambda: ctx.ccl.all_reduce(x, x, group=[0], config=Config(all_reduce_variant="atomic")),
+         CollectiveError, "stores into the members' out"),
     ]
     if dev.type != "cuda":
         cases.append((lambda: ctx.ccl.all_gather(out, x, config=Config(use_gluon=True)), GluonUnavailable,
                       "Gluon kernels need a GPU"))
-    cases.append((lambda: ctx.ccl.reduce_scatter(torch.empty_like(x), x, group=[ctx.rank], config=Config(
-        reduce_scatter_variant="ring_chunked")), ConfigError, "'ring_chunked' is not available there"))
     for i, (call, kind, words) in enumerate(cases):
         try:
             call()

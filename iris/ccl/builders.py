@@ -3,7 +3,7 @@ Config to its builder (or to put_kernel's plans where ctx.ccl moves data by puts
 
 A whole-job builder allocates its workspace on the heap and ends with a barrier (every rank's flags
 are zero before any rank signals into them), so it is collective and runs outside CUDA graph
-capture; the group builder allocates nothing on the heap. Arguments are checked before a builder
+capture; the group calls' builders (iris/ccl/subsets.py) allocate nothing on the heap. Arguments are checked before a builder
 runs (iris/ccl/checks.py).
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import torch
 
 from ..allocators.offsets import round_up
 from .kernels.accumulate import accumulate_kernel
-from .kernels.group import group_kernel
 from .kernels.pull import pull_kernel
 from .kernels.push import gather_push_kernel, push_kernel
 from .kernels.ring import ring_gather_kernel, ring_kernel, ring_reduce_scatter_kernel
@@ -264,24 +263,6 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
                 n=n, cs=cs, per=per, parity_stride=chunks * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
                 rank=ctx.rank, src=src, WORLD=w, PEERS=pow2(w), MODE=mode, OP=op.value,
                 IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit)
-
-
-def group(ccl, mode, out, inp, ranks, op, cfg, src):
-    """The group kernel's plan: no heap workspace (ranks outside the group never call, and heap
-    allocation is collective), only this rank's device tensors: the group's members and the
-    kernel's seen counts, both built outside capture."""
-    not_capturing(ccl.ctx.device, "the first call of a group collective at a new shape builds small device tensors",
-                  "call it once")
-    ctx, g = ccl.ctx, len(ranks)
-    counters, seen = pair_state(ccl)
-    n = elements(mode, out, inp, g)
-    block = block_for(cfg.block_size, inp.dtype)
-    programs, per = split(n, block, min(cfg.comm_sms, counters.shape[0]))
-    return Plan(group_kernel, programs, options(cfg, 8), (), "group", ("STAGED",),
-                inp=inp, out=out, scratch=out, members=ccl.groups.members(ranks), counters=counters, seen=seen, n=n,
-                per=per, cols=inp.shape[1] // g if mode == "a2a" else 1, me=ranks.index(ctx.rank), rank=ctx.rank,
-                src=ranks.index(src) if mode == "bc" else 0, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode,
-                OP=op.value, IS_FLOAT=inp.dtype.is_floating_point, STAGED=False, BLOCK=block, SPIN=cfg.spin_limit)
 
 
 def pair_state(ccl) -> tuple:

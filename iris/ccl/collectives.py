@@ -21,8 +21,8 @@ import torch
 
 from ..allocators.offsets import round_up
 from ..errors import CollectiveError, ConfigError, GluonUnavailable
-from . import builders, p2p, puts, rooted
-from .checks import Groups, layout, not_capturing, pair, within
+from . import builders, p2p, puts, rooted, subsets
+from .checks import Groups, layout, pair
 from .config import Config, ReduceOp, checked
 from .modes import MODES
 
@@ -112,7 +112,7 @@ class CCL:
         if group is not None:
             ranks = self.groups.of(group, "all_reduce")[0]
             if ranks is not None:
-                self._run_group("ar", out, inp, ranks, cfg, tuple(inp.shape), ReduceOp(op))
+                subsets.run(self, "ar", out, inp, ranks, cfg, tuple(inp.shape), ReduceOp(op), 0)
                 return
         m = self.recent
         if (m is not None and m.inp() is inp and m.out() is out and m.op is op and m.key is ck
@@ -184,11 +184,7 @@ class CCL:
                                       "Pre-allocate workspace with the smallest block sizes you intend to use, or "
                                       "leave workspace= out")
         if w > 1 and inp.dim() == 2 and tuple(out.shape) == tuple(inp.shape):
-            if ranks is not None:
-                raise CollectiveError(f"reduce_scatter(group= of ranks {list(ranks)}): Iris's layout (out shaped as "
-                                      "inp) runs over every rank only; use torch's layout (out with 1/world of "
-                                      "inp's rows) over a group")
-            self._run("rst", out, inp, None, cfg, tuple(inp.shape), ReduceOp(op))
+            self._run("rst", out, inp, ranks, cfg, tuple(inp.shape), ReduceOp(op))
             return
         want = (inp.shape[0] // w,) + tuple(inp.shape[1:]) if inp.dim() else None
         if inp.dim() and inp.shape[0] % w:
@@ -361,7 +357,7 @@ class CCL:
 
     def _run(self, mode, out, inp, ranks, cfg, want, op=ReduceOp.SUM, src=0):
         if ranks is not None:
-            self._run_group(mode, out, inp, ranks, cfg, want, op, src)
+            subsets.run(self, mode, out, inp, ranks, cfg, want, op, src)
             return
         plan = self._plan_for(mode, out, inp, cfg, want, op, src)
         layout(out, inp)
@@ -384,45 +380,6 @@ class CCL:
     def _gathered(inp, w):
         """all_gather's out shape for inp over w ranks (None for a 0-d inp, which the checks refuse)."""
         return (w * inp.shape[0],) + tuple(inp.shape[1:]) if inp.dim() else None
-
-    def _run_group(self, mode, out, inp, ranks, cfg, want, op=ReduceOp.SUM, src=0):
-        key = ("group", mode, ranks, op, inp.shape, out.shape, inp.dtype, cfg.key(), src)
-        plan = self.plans.get(key)
-        row = MODES[mode]
-        if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
-            pair(row.name, out, inp, want, self.ctx.device, len(ranks))
-            if row.variant and getattr(cfg, row.variant) not in row.group:
-                raise ConfigError(f"{row.name}(group= of ranks {list(ranks)}): over a subset of the ranks one kernel "
-                                  f"reads the peers' inp in place; Config.{row.variant}={getattr(cfg, row.variant)!r} "
-                                  f"is not available there, use {' or '.join(map(repr, row.group))}")
-            plan = None
-        layout(out, inp)
-        if not within(inp, self.span):
-            raise CollectiveError(
-                f"{row.name}(group= of ranks {list(ranks)}): inp must be a heap tensor, the same collective "
-                "allocation on every rank: a group's peers read it in place (a workspace cannot be allocated, heap "
-                "allocation is collective over all ranks); allocate inp with ctx.empty/ctx.zeros or import it with "
-                "ctx.as_symmetric (collective), out may be any tensor")
-        o, i = out.data_ptr(), inp.data_ptr()
-        staged = o < i + inp.nbytes and i < o + out.nbytes  # in place: results wait in scratch (see kernels/group.py)
-        if staged and mode == "ag" and len(ranks) > 1:
-            raise CollectiveError(f"all_gather(group= of ranks {list(ranks)}) cannot run in place: the peers read inp "
-                                  "at their own heap offset, and inp inside out sits at another offset on every rank; "
-                                  "pass a separate heap inp")
-        if self.puts:  # peers receive puts: nothing reads inp in place, so in place needs no scratch
-            if plan is None:
-                plan = self.plans[key] = builders.put(self, mode, out, inp, ranks, op, cfg,
-                                                      ranks.index(src) if mode == "bc" else 0)
-            plan(inp, out)
-            return
-        if plan is None:
-            plan = self.plans[key] = builders.group(self, mode, out, inp, ranks, op, cfg, src)
-        if staged and not plan.workspace:
-            not_capturing(self.ctx.device, "the first in-place call of a group collective at a new shape allocates "
-                          "a scratch tensor", "call it once in place")
-            plan.workspace = (torch.empty_like(out),)
-        plan.args[plan.at["scratch"]] = plan.workspace[0] if staged else out
-        plan(inp, out, flags=(staged,))
 
     def _resident(self, t) -> bool:
         """Whether t starts in this rank's heap (the kernels then reach it at its offset on every rank)."""

@@ -1,8 +1,7 @@
 """The collectives' codes, one table row each, and how many elements a rank contributes per destination.
 
 A mode code names a collective in plan keys and kernels ("ar", "ag", ...); the row gives its public
-name (for messages), the Config field that picks its kernel, and the values of that field the group
-kernel (group=) stands for.
+name (for messages) and the Config field that picks its kernel.
 """
 from __future__ import annotations
 
@@ -12,15 +11,14 @@ from typing import NamedTuple
 class Mode(NamedTuple):
     name: str                 # the public call
     variant: str | None       # the Config field that picks its kernel (None: one kernel)
-    group: tuple = ()         # the values of that field that the group kernel serves
 
 
 MODES = {
-    "ar": Mode("all_reduce", "all_reduce_variant", ("auto", "one_shot")),
-    "ag": Mode("all_gather", "all_gather_variant", ("pull",)),
-    "rs": Mode("reduce_scatter", "reduce_scatter_variant", ("two_shot",)),
-    "rst": Mode("reduce_scatter", None),  # Iris's layout (out shaped as inp): whole job only
-    "a2a": Mode("all_to_all", "all_to_all_variant", ("default",)),
+    "ar": Mode("all_reduce", "all_reduce_variant"),
+    "ag": Mode("all_gather", "all_gather_variant"),
+    "rs": Mode("reduce_scatter", "reduce_scatter_variant"),
+    "rst": Mode("reduce_scatter", "reduce_scatter_variant"),  # Iris's layout (out shaped as inp)
+    "a2a": Mode("all_to_all", "all_to_all_variant"),
     "bc": Mode("broadcast", None),
 }
 # modes whose chunk is out's size (a rank's share of what it receives), and all_to_all's: a column block

@@ -5,8 +5,9 @@ What matters:
 - It is the heap's first allocation, so no scope() or free can take it, and it is zeroed once at
   creation: every counter in it only grows, so nothing ever resets it.
 - Its layout (the device barrier's flags; ccl's pairwise counters for group, rooted and point-to-point
-  calls; where ccl moves data by puts, their counters and receive area) depends only on the world
-  and on whether ccl uses puts, so every rank carves the same views.
+  calls, the group spinlock's locks and the group rings' channel; where ccl moves data by puts, their
+  counters and receive area) depends only on the world and on whether ccl uses puts, so every rank
+  carves the same views.
 - Whether ccl uses puts must be known before the heap exists (the receive area is part of the
   size): `puts_expected` guesses it, and the context grows the reserve inside heap_size where the
   guess was short.
@@ -24,11 +25,14 @@ ALIGN = 256
 GROUP_PROGRAMS = 128  # most programs of a group collective: each has a counter per source rank
 PUT_PROGRAMS = 4  # most programs of a put-based call that receives into the reserve (groups, rooted, p2p)
 PUT_SLOT = 16 << 10  # bytes of that receive area per program, parity and source rank: what a round moves per peer
+RING_PROGRAMS = 8  # most programs of a ring over a subset group: each has a slot of RING_SLOT bytes and a 0/1 flag
+RING_SLOT = 16 << 10  # bytes a group ring's program hands to its successor at a time (an fp32 slice of 4096)
 
 
 def size(world: int, puts: bool = False) -> int:
     """Bytes of the reserve for world ranks; puts: with ccl's put counters and receive area."""
     used = round_up(8 * (world + 1), ALIGN) + 8 * GROUP_PROGRAMS * world + ALIGN  # ALIGN: the progress counter
+    used += 16 * GROUP_PROGRAMS + RING_PROGRAMS * (RING_SLOT + 8) + 2 * ALIGN  # group locks and ring channel
     if puts:
         used += 16 * GROUP_PROGRAMS * world + PUT_PROGRAMS * 2 * world * PUT_SLOT
     return round_up(max(4096, used), ALIGN)
@@ -51,7 +55,11 @@ class Reserve:
 
     barrier_flags: (world + 1) int64, the device barrier's. group_counters: (GROUP_PROGRAMS, world)
     int64, [p][s] counts the signals program p of rank s sent here (ccl's group, rooted and p2p
-    kernels). With puts: put_counters (GROUP_PROGRAMS, 2, world) int64, [p][0][s] puts received from
+    kernels). group_locks: (GROUP_PROGRAMS, 2) int64, program p's ticket lock on this rank's out in
+    the group spinlock ([p][0] tickets taken, [p][1] tickets served: both only grow). ring_slots and
+    ring_flags: RING_PROGRAMS slots of RING_SLOT bytes and 0/1 flags, the channel that a group ring's
+    program p fills in its successor (the flag returns to 0 when the successor has read the slot).
+    With puts: put_counters (GROUP_PROGRAMS, 2, world) int64, [p][0][s] puts received from
     s, [p][1][s] puts s acknowledged; put_area, PUT_PROGRAMS * 2 * world * PUT_SLOT bytes that ccl's
     put kernel receives into. progress: one int64, the heap's count of frees this rank has passed
     (lifetime.py). puts: ccl moves data by puts (every rank decides the same); indirect:
@@ -64,6 +72,9 @@ class Reserve:
         block.zero_()
         self.barrier_flags = self._carve(world + 1, torch.int64)
         self.group_counters = self._carve(GROUP_PROGRAMS * world, torch.int64).view(GROUP_PROGRAMS, world)
+        self.group_locks = self._carve(2 * GROUP_PROGRAMS, torch.int64).view(GROUP_PROGRAMS, 2)
+        self.ring_slots = self._carve(RING_PROGRAMS * RING_SLOT, torch.uint8)
+        self.ring_flags = self._carve(RING_PROGRAMS, torch.int64)
         self.put_counters = self.put_area = None
         if puts:
             self.put_counters = self._carve(2 * GROUP_PROGRAMS * world, torch.int64).view(GROUP_PROGRAMS, 2, world)

@@ -1,7 +1,10 @@
-"""The kernel of the collectives over a subset of the ranks (group=). Ranks outside a group never make
-its calls, and heap allocation is collective over the whole job, so this kernel allocates nothing: it
-reads the peers' inp (a heap tensor) in place and synchronises through pairwise counters in iris's
-reserve (ctx.reserve.group_counters, zeroed once at context creation).
+"""The kernels of the collectives over a subset of the ranks (group=) that read the peers' inp in place:
+group_kernel (one_shot all_reduce, pull all_gather, two_shot reduce_scatter, all_to_all, broadcast)
+and group_tile_kernel (two_shot reduce_scatter in Iris's layout); and _pairing, the start that every
+group kernel shares. Ranks outside a group never make its calls, and heap allocation is collective
+over the whole job, so these kernels allocate nothing: they read the peers' inp (a heap tensor) in
+place and synchronise through pairwise counters in iris's reserve (ctx.reserve.group_counters,
+zeroed once at context creation).
 
 counters[p][s] on rank r counts the signals program p of rank s sent to program p of r; seen[p][s]
 (this rank's device memory, not the heap) how many of them r has waited for, updated by the kernel
@@ -16,7 +19,16 @@ collectives in the same order (NCCL's rule).
 import triton
 import triton.language as tl
 
-from .common import _a2a_index, _meet, _members, _peer_offset, _reduce_ranks
+from .common import _a2a_index, _meet, _members, _peer_offset, _reduce_ranks, _tile_of, _tile_offsets
+
+
+@triton.jit
+def _pairing(members, counters, seen, me, world, GROUP: tl.constexpr, PEERS: tl.constexpr):
+    """What program p of a group kernel meets its peers with: (its row of the pairwise counters, its row
+    of this rank's seen counts, this rank's heap base, the positions 0..PEERS-1 as a block). members:
+    GROUP global ranks, then their heap bases; counters and seen: (programs, world) int64."""
+    pid = tl.program_id(0)
+    return counters + pid * world, seen + pid * world, tl.load(members + GROUP + me), tl.arange(0, PEERS)
 
 
 @triton.jit
@@ -43,12 +55,10 @@ def group_kernel(inp, out, scratch, members, counters, seen, n, per, cols, me, r
     VEC: tl.constexpr = 16 // (inp.dtype.element_ty.primitive_bitwidth // 8)
     PLACES: tl.constexpr = GROUP if (MODE == "ag" or MODE == "a2a") else 1
     pid = tl.program_id(0)
-    row = counters + pid * world
-    mark = seen + pid * world + rank
-    mine = tl.load(members + GROUP + me)
-    j = tl.arange(0, PEERS)
+    row, srow, mine, j = _pairing(members, counters, seen, me, world, GROUP, PEERS)
+    mark = srow + rank
     live = (j < GROUP) & (j != me)
-    peer, delta, count = _members(members, seen + pid * world, j, live, mine, rank, GROUP)
+    peer, delta, count = _members(members, srow, j, live, mine, rank, GROUP)
     if STAGED:
         dst = scratch
     else:
@@ -80,7 +90,7 @@ def group_kernel(inp, out, scratch, members, counters, seen, n, per, cols, me, r
                         x = tl.load(frm + o, mask=mask)
                     tl.store(dst + _place(o, q, n, cols, MODE, GROUP), x, mask=mask)
     _meet(row, peer, delta, live, count + 2, mark, rank, SPIN)
-    tl.store(seen + pid * world + peer, count + 2, mask=live)
+    tl.store(srow + peer, count + 2, mask=live)
     if STAGED:
         for q in tl.static_range(PLACES):
             for s in range(lo, hi, BLOCK):
@@ -88,3 +98,30 @@ def group_kernel(inp, out, scratch, members, counters, seen, n, per, cols, me, r
                 mask = o < n
                 i = _place(o, q, n, cols, MODE, GROUP)
                 tl.store(out + i, tl.load(scratch + i, mask=mask), mask=mask)
+
+
+@triton.jit
+def group_tile_kernel(inp, out, members, counters, seen, M, N, tiles, me, rank, world,
+                      GROUP: tl.constexpr, PEERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      GROUP_M: tl.constexpr, DIST: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
+                      SPIN: tl.constexpr):
+    """reduce_scatter in Iris's layout over the GROUP ranks of members: out shaped as inp (M, N); the
+    tiles of position me's share (as tile_reduce_scatter_kernel's: BM x BN in grouped order, dealt by
+    DIST among the GROUP positions) get those tiles of every member's inp, read in place and combined
+    by OP in member order (floats in fp32); out's other elements are left as they were. Program p takes
+    tiles p, p + P, ... of the share. Only a tile's owner reads or writes it, so out may be inp. Meets
+    twice, as group_kernel ("ready", "done"); giving up (SPIN) marks seen[p][rank] with -1."""
+    VEC: tl.constexpr = 16 // (inp.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    row, srow, mine, j = _pairing(members, counters, seen, me, world, GROUP, PEERS)
+    live = (j < GROUP) & (j != me)
+    peer, delta, count = _members(members, srow, j, live, mine, rank, GROUP)
+    _meet(row, peer, delta, live, count + 1, srow + rank, rank, SPIN)
+    for k in range(pid, tl.cdiv(tiles, GROUP), tl.num_programs(0)):
+        t = _tile_of(k, tiles, me, GROUP, DIST)
+        if t >= 0:
+            o, mask = _tile_offsets(t, M, N, BM, BN, GROUP_M)
+            acc = _reduce_ranks(inp, o, mask, members + GROUP, mine, GROUP, VEC, OP, IS_FLOAT)
+            tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
+    _meet(row, peer, delta, live, count + 2, srow + rank, rank, SPIN)
+    tl.store(srow + peer, count + 2, mask=live)

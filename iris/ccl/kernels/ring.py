@@ -28,42 +28,53 @@ def _receive(here, flag, mark, SPIN: tl.constexpr):
 def ring_kernel(inp, out, buf, flags, heap_bases, n, tiles, rank,
                 WORLD: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr, SLICE: tl.constexpr,
                 RINGS: tl.constexpr, SPIN: tl.constexpr):
-    """all_reduce around the ring rank -> rank + 1: a reduce-scatter, then an all-gather, over each tile of
-    WORLD slices of SLICE elements. Hop k of the first half sends the partial of slice rank - k and
-    combines the received partial of slice rank - k - 1 with this rank's input; after WORLD - 1 hops
-    this rank holds slice rank + 1 reduced over every rank (in ring order from the slice's own rank, so
-    every rank gets the same bits), writes it to out and passes reduced slices on for WORLD - 1 more
-    hops. Each program is a ring of its own with one slot (SLICE elements of buf, fp32 for floats) and
-    one 0/1 flag per rank; program p serves ring p % RINGS (Config.all_reduce_num_rings), which takes
-    tiles p % RINGS, p % RINGS + RINGS, ..., dealt over its programs. tiles: the tile count. A tile is
-    read and written in place, so out may be inp."""
+    """all_reduce around the ring rank -> rank + 1 (_ring_all_reduce). Each program is a ring of its own
+    with one slot (SLICE elements of buf, fp32 for floats) and one 0/1 flag per rank."""
     VEC: tl.constexpr = 16 // (buf.dtype.element_ty.primitive_bitwidth // 8)
     pid = tl.program_id(0)
     mine = tl.load(heap_bases + rank)
     nxt = (rank + 1) % WORLD
     here = buf + pid * SLICE + tl.arange(0, SLICE)
-    there = here + _peer_offset(heap_bases, nxt, mine, VEC)
     flag = flags + pid
-    next_flag = flag + _peer_offset(heap_bases, nxt, mine, 2)
+    _ring_all_reduce(inp, out, here, here + _peer_offset(heap_bases, nxt, mine, VEC), flag,
+                     flag + _peer_offset(heap_bases, nxt, mine, 2), flag, n, tiles, rank, WORLD, OP, SLICE, RINGS,
+                     SPIN)
+
+
+@triton.jit
+def _ring_all_reduce(inp, out, here, there, flag, next_flag, mark, n, tiles, rank, WORLD: tl.constexpr,
+                     OP: tl.constexpr, SLICE: tl.constexpr, RINGS: tl.constexpr, SPIN: tl.constexpr):
+    """A reduce-scatter, then an all-gather, around the ring rank -> rank + 1 over each tile of WORLD
+    slices of SLICE elements. Hop k of the first half sends the partial of slice rank - k and combines
+    the received partial of slice rank - k - 1 with this rank's input; after WORLD - 1 hops this rank
+    holds slice rank + 1 reduced over every rank (in ring order from the slice's own rank, so every
+    rank gets the same bits), writes it to out and passes reduced slices on for WORLD - 1 more hops.
+    here, there: this program's slot (SLICE pointers, in the accumulation dtype) and the successor's;
+    flag, next_flag: their 0/1 flags; mark: where giving up (SPIN) writes -1. Program p serves ring
+    p % RINGS (Config.all_reduce_num_rings), which takes tiles p % RINGS, p % RINGS + RINGS, ...,
+    dealt over its programs. tiles: the tile count. A tile is read and written in place, so out may
+    be inp."""
+    ACC: tl.constexpr = here.dtype.element_ty
+    pid = tl.program_id(0)
     ring = pid % RINGS
     per_ring = tl.num_programs(0) // RINGS
     ar = tl.arange(0, SLICE)
     for t in range(ring + RINGS * (pid // RINGS), tiles, RINGS * per_ring):
         base = t * (SLICE * WORLD) + ar
         o = base + rank * SLICE
-        part = tl.load(inp + o, mask=o < n).to(buf.dtype.element_ty)
+        part = tl.load(inp + o, mask=o < n).to(ACC)
         for k in tl.static_range(WORLD - 1):
-            _send(part, there, next_flag, flag, SPIN)
-            x = _receive(here, flag, flag, SPIN)
+            _send(part, there, next_flag, mark, SPIN)
+            x = _receive(here, flag, mark, SPIN)
             o = base + ((rank - k - 1 + WORLD) % WORLD) * SLICE
-            part = _combine(x, tl.load(inp + o, mask=o < n).to(buf.dtype.element_ty), OP)
+            part = _combine(x, tl.load(inp + o, mask=o < n).to(ACC), OP)
         o = base + ((rank + 1) % WORLD) * SLICE
         red = part.to(out.dtype.element_ty)
         tl.store(out + o, red, mask=o < n)
-        part = red.to(buf.dtype.element_ty)
+        part = red.to(ACC)
         for k in tl.static_range(WORLD - 1):
-            _send(part, there, next_flag, flag, SPIN)
-            part = _receive(here, flag, flag, SPIN)
+            _send(part, there, next_flag, mark, SPIN)
+            part = _receive(here, flag, mark, SPIN)
             o = base + ((rank - k + WORLD) % WORLD) * SLICE
             tl.store(out + o, part.to(out.dtype.element_ty), mask=o < n)
 
