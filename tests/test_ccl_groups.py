@@ -5,14 +5,16 @@ Every Config variant runs over consecutive, strided and arbitrary groups (check_
 only the tensors its kernel needs on the heap."""
 import math
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
 
 import iris
-from iris.ccl import CollectiveError, Config, ReduceOp
-from test_ccl import POISON, _data, _dist, _poisoned, _reduce, _same, graph_wrong, wrong_errors
+from iris.ccl import CollectiveError, Config, ConfigError, ReduceOp
+from test_ccl import POISON, _data, _dist, _poisoned, _progress, _reduce, _same, graph_wrong, wrong_errors
 from test_ccl_variants import owned
 
 OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN)
@@ -106,6 +108,8 @@ def check_group_errors(ctx, heap, pair):
             all_gather_variant="persistent")), CollectiveError, "stores into the members' out"),
         (lambda: ctx.ccl.all_reduce(heap((11,), torch.float32)[1:], h, group=pair, config=Config(
             all_reduce_variant="two_shot")), CollectiveError, "in-place form"),
+        (lambda: ctx.ccl.all_gather(heap((20,), torch.float32), h, group=pair, config=Config(use_gluon=True)),
+         ConfigError, "Gluon kernels run over every rank only"),
     ]
     bad = wrong_errors(cases if r in pair else cases[:2])  # the others are pair's calls
     if set(ctx.heap.alloc.offsets.live) != live or len(ctx.ccl.plans) != plans:
@@ -274,11 +278,11 @@ def check_variant(ctx, place, group, ranks, mode, variant, cfg, op, dtype, rep, 
     return bad
 
 
-def check_variants(ctx, slots, slot, group, ranks, dtypes, rep, **knobs):
+def check_variants(ctx, slots, slot, group, ranks, dtypes, rep, sizes=None, every_in_place=False, **knobs):
     """Every variant of every collective (NEEDS) over group once, dtypes, reductions and which variants also
     run in place turning with rep (0, 1, 2: each variant in place once over three groups). Small blocks and
-    tiles (several programs and steps, a partial last block or tile); knobs: Config fields over those.
-    slots: two heap areas per slot (inp's, out's), `slot` this group's."""
+    tiles (several programs and steps, a partial last block or tile); knobs: Config fields over those;
+    sizes: check_variant's m, ncol, n. slots: two heap areas per slot (inp's, out's), `slot` this group's."""
     g, bad = len(ranks), []
     for i, ((mode, variant), needs) in enumerate(NEEDS.items()):
         base = dict(block_size=16, comm_sms=2 * g if variant == "partitioned" else 2, block_size_m=2,
@@ -295,7 +299,7 @@ def check_variants(ctx, slots, slot, group, ranks, dtypes, rep, **knobs):
             return slots(2 * slot + (which == "o"), shape, dtype)
 
         bad += check_variant(ctx, place, group, ranks, mode, variant, Config(**base, **{FIELD[mode]: variant}), op,
-                             dtype, rep, (i + rep) % 3 == 0)
+                             dtype, rep, every_in_place or (i + rep) % 3 == 0, **(sizes or {}))
     return bad
 
 
@@ -310,7 +314,7 @@ def check_wide_pieces(ctx, slots, slot, group, ranks):
                                          dict(m=140, ncol=70))):
         if mode == "rst" and len(ranks) == 1:
             continue
-        cfg = Config(comm_sms=3, **knobs, **{FIELD[mode]: variant})
+        cfg = Config(comm_sms=3, spin_limit=1 << 24, **knobs, **{FIELD[mode]: variant})
         bad += check_variant(ctx, lambda w, s: heap(w or "i", s), group, ranks, mode, variant, cfg, ReduceOp.SUM,
                              torch.float32, 7, **shape)
     return bad
@@ -335,13 +339,13 @@ def check_stand_in(ctx, slots, slot, group, ranks):
 def variant_groups(ctx, dist):
     """(kind, group, ranks) of this rank: consecutive, strided (a torch group) and an arbitrary subset in its
     own order; at 4 ranks [0, 1] [2, 3] / [0, 2] [1, 3] / (3, 0, 2) [1]; at 3, [0, 1] [2] / [0, 2] [1] /
-    (2, 0, 1) (every rank, out of order: still the group kernels)."""
+    (2, 0, 1) (every rank, out of order: still the group kernels); at 2, each rank alone twice, then (1, 0)."""
     r, w = ctx.rank, ctx.world
     half = w // 2
     consecutive = [list(range(half)), list(range(half, w))] if w % 2 == 0 else [[0, 1], [2]]
     strided = [list(range(0, w, 2)), list(range(1, w, 2))]
     torch_strided = [dist.new_group(s) for s in strided]  # collective: every rank makes every group
-    arbitrary = [[3, 0, 2], [1]] if w == 4 else [[2, 0, 1]]
+    arbitrary = {4: [[3, 0, 2], [1]], 3: [[2, 0, 1]], 2: [[1, 0]]}[w]
     out = []
     for kind, sets in enumerate((consecutive, strided, arbitrary)):
         ranks = next(s for s in sets if r in s)
@@ -371,6 +375,55 @@ def test_group_variants_host(world):
     out = iris.spawn(rank_variants, world, args=([torch.float32, torch.bfloat16, torch.int32], world - 3))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of {world}: {bad[:10]}"
+
+
+COMPILE = r"""
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from iris.ccl.kernels.group import group_tile_kernel
+from iris.ccl.kernels.group_accumulate import group_accumulate_kernel
+from iris.ccl.kernels.group_push import group_gather_push_kernel, group_two_shot_kernel
+from iris.ccl.kernels.group_ring import group_ring_gather_kernel, group_ring_kernel, group_ring_reduce_scatter_kernel
+
+def build(fn, data, consts, acc):
+    sig = {a: "constexpr" if a in consts else "*i64" if a in ("members", "counters", "seen", "locks", "flags") else
+           "*" + data if a in ("inp", "out", "snap") else "*" + acc if a == "slots" else "i32" for a in fn.arg_names}
+    src = triton.compiler.ASTSource(fn, sig, constexprs=consts)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    print(fn.__name__, data, flush=True)
+
+G = dict(GROUP=3, PEERS=4, SPIN=0)
+for data, acc in (("bf16", "fp32"), ("i64", "i64")):
+    slot = 16384 // (8 if acc == "i64" else 4)
+    build(group_two_shot_kernel, data, dict(G, OP="sum", IS_FLOAT=acc != data, BLOCK=1024, STRIDED=True), acc)
+    for lock in (False, True):
+        build(group_accumulate_kernel, data, dict(G, BLOCK=2048, LOCK=lock, TURNS=False, SNAP=True), acc)
+    build(group_gather_push_kernel, data, dict(G, BLOCK=1024, PARTITIONED=True), acc)
+    build(group_tile_kernel, data, dict(G, BM=32, BN=64, GROUP_M=4, DIST=1, OP="max", IS_FLOAT=acc != data), acc)
+    build(group_ring_kernel, data, dict(G, OP="sum", SLICE=512, RINGS=1, ELEMS=slot), acc)
+    build(group_ring_gather_kernel, data, dict(G, PIECE=2048, ELEMS=16384 // (2 if data == "bf16" else 8)), data)
+    for tiled in (False, True):
+        build(group_ring_reduce_scatter_kernel, data, dict(G, BM=32, BN=64, SBM=32 if tiled else 1,
+              SBN=64 if tiled else 2048, GROUP_M=4, DIST=0, TILED=tiled, OP="sum", ELEMS=slot), acc)
+"""
+
+
+def test_group_kernels_compile_for_sm90(tmp_path):
+    """The group kernels compile for sm_90 on the host (Triton ships ptxas; no GPU needed), so what only a
+    GPU compiles (scalar atomics, a static if's branches, bf16 and int64 atomics) fails here first. In a
+    fresh process: kernels run under the interpreter earlier in this one leave triton.language patched."""
+    import triton
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("Triton's ptxas is not here")
+    script = tmp_path / "compile_groups.py"
+    script.write_text(COMPILE)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="0", IRIS_PLATFORM="host", TRITON_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("\n") == 18, proc.stdout
 
 
 # -- GPUs: 4 ranks (on however many GPUs there are), larger sizes, eager repeats and a CUDA graph ----------
@@ -411,3 +464,35 @@ def test_groups_gpu():
     out = iris.spawn(rank_groups_gpu, 4, args=(int(os.environ.get("IRIS_CCL_REPLAYS", 50)),))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r}: {bad[:10]}"
+
+
+def rank_variants_gpu(reps):
+    """check_variants at GPU sizes with the default tiles and blocks (many programs, 16-byte vectors), every
+    variant in place too, reps rounds over each group (a call repeated on the same tensors replays iris's
+    graph of it); a lost signal gives up after spin_limit polls and shows as wrong data, not a hang."""
+    ctx = iris.iris(heap_size=1 << 28)
+    dist = _dist(ctx)
+    sizes = dict(m=1000, ncol=129, n=(3 << 16) + 5)
+    slots = Slots(ctx, 6, 8 * 1000 * 129 * ctx.world)
+    knobs = dict(block_size=0, comm_sms=48, block_size_m=32, block_size_n=64, swizzle_size=4, spin_limit=1 << 24)
+    dtypes = [torch.bfloat16, torch.float32, torch.float16, torch.int32, torch.int64]
+    bad = []
+    for kind, group, ranks in variant_groups(ctx, dist):
+        for rep in range(reps):
+            bad += check_variants(ctx, slots, kind, group, ranks, dtypes, kind + 3 * rep, sizes, True, **knobs)
+        bad += check_wide_pieces(ctx, slots, kind, group, ranks)
+        _progress(ctx, f"variants over {ranks} checked")
+    dist.destroy_process_group()
+    ctx.close()
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_group_variants_gpu(world):
+    """Every variant over consecutive, strided and arbitrary groups, one GPU per rank (or ranks sharing GPUs,
+    slower); IRIS_CCL_TIMEOUT bounds the run (default 500 s)."""
+    out = iris.spawn(rank_variants_gpu, world, args=(int(os.environ.get("IRIS_CCL_REPS", 3)),),
+                     timeout=float(os.environ.get("IRIS_CCL_TIMEOUT", 500)))
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of {world}: {bad[:10]}"

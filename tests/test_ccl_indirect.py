@@ -18,7 +18,7 @@ from iris.ccl import Config, ReduceOp
 from iris.heap import reserve as heap_reserve
 from iris.errors import IrisError
 from test_ccl import POISON, _data, _progress, _reduce, _same, check_all_reduce, check_moves, check_repeats
-from test_ccl_groups import Slots, check_calls
+from test_ccl_groups import Slots, check_calls, check_variant
 from test_ccl_rooted import check_barrier_waits, check_mailbox, check_p2p, check_rooted
 from test_ccl_variants import check_tile_reduce_scatter
 
@@ -126,6 +126,12 @@ def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):
         dtype = dtypes[rep % len(dtypes)]
         if group is not None:
             bad += check_calls(ctx, heap, group, ranks, dtype, cfg, rep, shapes)
+        if group is not None and more and len(ranks) > 1:  # Iris's reduce_scatter layout over the group
+            place = lambda which, shape: (torch.empty(shape, dtype=dtype, device=ctx.device)  # noqa: E731
+                                          if which == "o" else heap(shape, dtype))
+            bad += check_variant(ctx, place, group, ranks, "rst", "two_shot", Config(
+                block_size=cfg.block_size, comm_sms=cfg.comm_sms, block_size_m=2, block_size_n=4, swizzle_size=2),
+                ReduceOp.SUM, dtype, rep)
         bad += check_rooted(ctx, heap, group, ranks, dtype, cfg, rep, shapes)
         bad += check_p2p(ctx, heap, group, ranks, dtype, cfg, rep, shapes)
         progress(f"group {ranks} checked")

@@ -151,10 +151,10 @@ class CCL:
         iris.ccl.gluon's kernel. workspace= is accepted for Iris compatibility (plans are found by
         shape). Collective: all ranks (of the group), same order, same sizes."""
         cfg = self._config(config)
-        if cfg.use_gluon and self._gluon_or_puts("all_gather"):
-            self._gluon("all_gather", out, inp, cfg)
-            return
         ranks, w = self.groups.of(group, "all_gather")
+        if cfg.use_gluon and self._gluon_or_puts("all_gather"):
+            self._gluon("all_gather", out, inp, cfg, ranks)
+            return
         self._run("ag", out, inp, ranks, cfg, self._gathered(inp, w))
 
     def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
@@ -199,10 +199,10 @@ class CCL:
         every peer; with use_gluon=True, iris.ccl.gluon's kernel. Collective: all ranks (of the
         group), same order, same sizes."""
         cfg = self._config(config)
-        if cfg.use_gluon and self._gluon_or_puts("all_to_all"):
-            self._gluon("all_to_all", out, inp, cfg)
-            return
         ranks, w = self.groups.of(group, "all_to_all")
+        if cfg.use_gluon and self._gluon_or_puts("all_to_all"):
+            self._gluon("all_to_all", out, inp, cfg, ranks)
+            return
         if inp.dim() != 2 or inp.shape[1] % w:
             raise CollectiveError(f"all_to_all: inp must be 2-D (M, N*world) with N*world a multiple of "
                                   f"{w}; got shape {tuple(inp.shape)}")
@@ -330,8 +330,12 @@ class CCL:
         """config, or this context's default, validated as it stands now (Config.key() checks it)."""
         return checked(self._default if config is None else config)
 
-    def _gluon(self, call, out, inp, cfg):
-        """Config(use_gluon=True): iris.ccl.gluon's kernel."""
+    def _gluon(self, call, out, inp, cfg, ranks):
+        """Config(use_gluon=True): iris.ccl.gluon's kernel, over every rank (ranks None)."""
+        if ranks is not None:
+            raise ConfigError(f"{call}(group= of ranks {list(ranks)}, config=Config(use_gluon=True)): iris's Gluon "
+                              "kernels run over every rank only (a device barrier of the whole job frames them); set "
+                              "use_gluon=False to run the Triton kernels, which take every variant over a group")
         why = None
         if self.ctx.device.type != "cuda":
             why = f"this rank's heap is on {self.ctx.device}: Gluon kernels need a GPU (Gluon has no interpreter)"

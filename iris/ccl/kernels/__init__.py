@@ -1,8 +1,9 @@
 """The Triton kernels of ctx.ccl, one module per algorithm: pull (stage, one flag exchange, read the
 peers), shots (two-shot all_reduce), push (by remote stores: all_reduce and all_gather), accumulate
 (atomic and spinlock all_reduce), ring (all_reduce, all_gather, reduce_scatter around the ring),
-tiles (reduce_scatter in Iris's tile layout), group (any collective over a subset group), pair
-(rooted collectives, point to point, the group barrier, the mailbox), put (every collective as puts,
+tiles (reduce_scatter in Iris's tile layout), group, group_push, group_accumulate and group_ring (the
+variants over a subset group: they read the members' inp in place, store into their out, or pass
+pieces around the ring through iris's reserve), pair (rooted collectives, point to point, the group barrier, the mailbox), put (every collective as puts,
 for jobs with indirect peers); common holds the pieces they share.
 
 Synchronisation never leaves the device. Each program p of a launch owns a row of flags on every

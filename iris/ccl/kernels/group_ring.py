@@ -90,8 +90,9 @@ def _piece(k, x, n, M, N, tiles, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.c
         o = rm[:, None] * N + rn[None, :]
         inside = (rm[:, None] < M) & (rn[None, :] < N)
         return o, 0, inside & (o < tl.where(t >= 0, M * N, 0))  # past its share (t -1): nothing
-    o, mask = _tile_offsets(k, 1, n, 1, SBN, 1)
-    return o, x * n, mask
+    else:  # a branch of its own: Triton compiles what follows a static if in every case
+        o, mask = _tile_offsets(k, 1, n, 1, SBN, 1)
+        return o, x * n, mask
 
 
 @triton.jit
