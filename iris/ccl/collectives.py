@@ -1,7 +1,7 @@
 """ctx.ccl: the collectives' host calls. Each call checks its arguments (iris/ccl/checks.py), finds (or,
 the first time, builds: iris/ccl/builders.py) the plan for its (collective, shapes, dtype, op, config)
-and launches one kernel. Calls over a subset group go to the group kernel instead, which allocates
-nothing on the heap; rooted collectives and point to point live in rooted.py and p2p.py.
+and launches one kernel. Calls over a subset group go to the group kernels instead (iris/ccl/subsets.py),
+which allocate nothing on the heap; rooted collectives and point to point live in rooted.py and p2p.py.
 
 A plan holds the heap workspace (staging buffers and flags), this rank's epoch counters and a
 Launcher of the compiled kernel with its grid and arguments, so a repeated call costs a cache lookup
@@ -49,8 +49,9 @@ class CCL:
     """Collectives over the heap, as ctx.ccl. Every call is collective: all ranks (of the group), same
     order, same sizes; the first call of a new shape over every rank allocates its workspace on the
     heap (collectively) and must not be inside CUDA graph capture. Tensors need not be heap tensors:
-    inputs are staged through the workspace, except over a subset group (group=), where inp must be a
-    heap tensor and nothing is allocated on the heap. Calls are ordered on the current stream like
+    inputs are staged through the workspace, except over a subset group (group=), where nothing is
+    allocated on the heap and inp or out must be heap tensors where the variant reads or writes the
+    members' copy of them (docs/collectives.md). Calls are ordered on the current stream like
     any kernel; async_op is accepted for Iris compatibility and changes nothing (nothing waits on the
     host). config: an iris.ccl.Config (Iris's fields and iris's own; docs/collectives.md), read at
     every call, so a field changed between calls takes effect (and is validated) at the next."""
@@ -96,8 +97,8 @@ class CCL:
         from each slice's rank, so every rank gets bit-identical results; atomic and spinlock add
         in arrival order (fp32 for floats). Where a variant writes out on the heap directly, out must
         be the same heap tensor on every rank. group: None, a torch.distributed group or a list of
-        global ranks; over a subset inp must be a heap tensor and the variant "auto" or "one_shot"
-        (see docs/collectives.md). workspace= is accepted for Iris compatibility: plans are found by
+        global ranks; over a subset every variant runs, with inp or out on the heap where it reads or
+        writes the members' copy, the push variants as one_shot and two_shot (docs/collectives.md). workspace= is accepted for Iris compatibility: plans are found by
         shape, so all_reduce_preamble's result need not be passed; one passed back whose spinlock
         locks or ring flags are fewer than this config's tiles need raises ValueError ("Lock array too
         small", "Flags array too small"), as Iris's does. Collective: all ranks, same order, same sizes."""
@@ -166,7 +167,7 @@ class CCL:
         reduced over all ranks; out's other elements are left as they were. Config.reduce_scatter_variant:
         "two_shot" (each rank stages its input, then reduces its own part by reading it from every
         peer) or "ring_chunked" (each part travels the ring rank -> rank + 1, every rank adding its
-        input, and ends at its owner; either layout, whole job only). workspace= is accepted for Iris
+        input, and ends at its owner; either layout). workspace= is accepted for Iris
         compatibility (plans are found by shape); an iris.ccl.reduce_scatter.ReduceScatterWorkspace
         whose flags are fewer than ring_chunked's tiles raises ValueError. Collective: all ranks (of the group), same order,
         same sizes."""
