@@ -25,7 +25,7 @@ class TorchAllocator:
         total = driver.mem_info()[1]
         if heap_size > total:  # checked before anything is taken
             raise HeapOutOfMemory(heap_size, total, heap_size,
-                                  f"the heap needs {heap_size} bytes (heap_size and iris's own few KiB), more than "
+                                  f"the heap needs {heap_size} bytes (heap_size and iris's own reserve, iris/heap/reserve.py), more than "
                                   f"the {total} bytes of memory here, and allocator='torch' takes its whole block at "
                                   "start. Use allocator='vmem' (it backs only the chunks in use, so heap_size may "
                                   "exceed memory) or a smaller heap_size.")

@@ -47,8 +47,9 @@ def _members(ccl, ranks) -> dict:
                 rank=ccl.ctx.rank, world=ccl.ctx.world, GROUP=g, PEERS=pow2(g))
 
 
-def _sms(cfg, most=GROUP_PROGRAMS) -> int:
-    return min(cfg.comm_sms, most)
+def _sms(cfg) -> int:
+    """The most programs a group kernel launches: comm_sms, within the pairwise counters' rows."""
+    return min(cfg.comm_sms, GROUP_PROGRAMS)
 
 
 def _pull(ccl, mode, out, inp, ranks, op, cfg, src) -> Plan:
@@ -170,9 +171,9 @@ def _tiles(ccl, mode, out, inp, ranks, op, cfg, src) -> Plan:
 
 class Route(NamedTuple):
     """How a group call runs: its plan's builder; whether the peers read inp in place (inp on the heap)
-    and store into out (out on the heap); spare: the kernel argument that takes a local scratch where
-    out overlaps inp (its per-call constexpr says whether it does), '' where only the in-place form
-    may overlap."""
+    and store into out (out on the heap); spare: the kernel argument that takes a local scratch when
+    out overlaps inp (pull: results wait there; atomic, spinlock: a copy of inp), its per-call
+    constexpr saying whether it does. Only pull takes any overlap; the others, the in-place form."""
     build: Callable
     reads: bool = False
     writes: bool = False
@@ -180,11 +181,10 @@ class Route(NamedTuple):
 
 
 PULL = Route(_pull, reads=True, spare="scratch")
+ACCUMULATE = Route(_accumulate, writes=True, spare="snap")
 ROUTES = {
     ("ar", "auto"): PULL, ("ar", "one_shot"): PULL, ("ar", "two_shot"): Route(_two_shot, reads=True, writes=True),
-    ("ar", "atomic"): Route(_accumulate, writes=True, spare="snap"), ("ar", "spinlock"): Route(_accumulate, writes=True,
-                                                                                              spare="snap"),
-    ("ar", "ring"): Route(_ring),
+    ("ar", "atomic"): ACCUMULATE, ("ar", "spinlock"): ACCUMULATE, ("ar", "ring"): Route(_ring),
     ("ag", "pull"): PULL, ("ag", "persistent"): Route(_gather_push, writes=True),
     ("ag", "partitioned"): Route(_gather_push, writes=True), ("ag", "ring"): Route(_ring_gather),
     ("rs", "two_shot"): PULL, ("rs", "ring_chunked"): Route(_ring_reduce_scatter),

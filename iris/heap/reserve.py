@@ -35,7 +35,7 @@ def size(world: int, puts: bool = False) -> int:
     used += 16 * GROUP_PROGRAMS + RING_PROGRAMS * (RING_SLOT + 8) + 2 * ALIGN  # group locks and ring channel
     if puts:
         used += 16 * GROUP_PROGRAMS * world + PUT_PROGRAMS * 2 * world * PUT_SLOT
-    return round_up(max(4096, used), ALIGN)
+    return round_up(used, 4096)  # whole pages: the user's part of a heap rounded up to chunks stays page-aligned
 
 
 def puts_asked() -> bool:
