@@ -61,6 +61,12 @@ class CaptureError(IrisError, RuntimeError):
     """An allocation or free during CUDA graph capture that capture cannot record safely (growth, a free)."""
 
 
+class WaitTimeout(IrisError, TimeoutError):
+    """A collective's device wait gave up (IRIS_SPIN_LIMIT, Config.spin_limit): names the collective, the
+    waiting rank, the peer it waited for, the flag and the epoch. The collective's result is wrong and
+    its workspace unusable; the job should end."""
+
+
 class ReuseTimeout(IrisError, TimeoutError):
     """A reused heap block waited too long for peers' work queued before their free of it: names the
     block, the ranks and the ordering rule that was broken."""

@@ -155,7 +155,16 @@ def check_spin_limit(ctx):
         ctx.ccl.all_reduce(out, x, config=cfg)
         if not (flags < 0).any():
             bad.append("a program whose peer never came did not mark its flags")
-    ctx.barrier()
+    try:  # the host looks at the next barrier: one WaitTimeout naming the call, the peer and the epoch
+        ctx.barrier()
+        raised = ""
+    except iris.WaitTimeout as e:
+        raised = str(e)
+    want = ("rank 0: ctx.ccl.all_reduce (one_shot) gave up waiting for rank 1: flag row 0 (program 0, wait 1 of "
+            "the call) never reached epoch 1") if ctx.rank == 0 else ""
+    if not raised.startswith(want) or (want == "") != (raised == ""):
+        bad.append(f"WaitTimeout at the barrier: {raised!r}")
+    ctx.barrier()  # raised once: the next barrier passes
     ctx.ccl.free()
     return bad
 

@@ -7,6 +7,7 @@ The synchronisation rules they keep are the package's (iris/ccl/kernels/__init__
 import triton
 import triton.language as tl
 
+from ...device.fence import _acquired, _published
 from ...device.translate import _translate
 
 
@@ -16,33 +17,39 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
     slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
     PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags.
     SPIN: as _await's; giving up marks slot `rank` of this rank's own row (no peer writes there)."""
-    tl.debug_barrier()
+    _published()
     peers = tl.arange(0, PEERS)
     live = (peers < WORLD) & (peers != rank)
     slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
     _await(row + peers, live, epoch, row + rank, SPIN)
-    tl.debug_barrier()
+    _acquired()
 
 
 @triton.jit
 def _await(slots, live, target, mark, SPIN: tl.constexpr, EXACT: tl.constexpr = False):
     """Polls the live slots (int64 pointers, acquire, sys) until each reaches target (a scalar or one per
-    slot; EXACT: until each holds it, for 0/1 hand-over flags). SPIN: 0 waits for ever; else the most
-    polls before giving up, which writes -1 into *mark so the host can tell (Config.spin_limit)."""
+    slot; EXACT: until each holds it, for 0/1 hand-over flags). SPIN: the most polls (0: wait for ever;
+    IRIS_SPIN_LIMIT or Config.spin_limit); giving up writes -(1 + slot + 65536 * target) into *mark
+    for the first slot still short (decoded by iris/ccl/waits.py), so the host can name who was late."""
     pending = 1
     polls = 0
+    idx = tl.arange(0, slots.shape[0])
+    want = tl.zeros(slots.shape, tl.int64) + target
     while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
         seen = tl.atomic_add(slots, 0, mask=live, sem="acquire", scope="sys")
         if EXACT:
-            pending = tl.sum((live & (seen != target)).to(tl.int32), axis=0)
+            short = live & (seen != want)
         else:
-            pending = tl.sum((live & (seen < target)).to(tl.int32), axis=0)
+            short = live & (seen < want)
+        pending = tl.sum(short.to(tl.int32), axis=0)
         if SPIN != 0:
             polls += 1
             if polls >= SPIN:
                 if pending > 0:
-                    tl.store(mark, -1)
+                    late = tl.min(tl.where(short, idx, slots.shape[0]), axis=0)
+                    epoch = tl.max(tl.where(short, want, 0), axis=0)
+                    tl.store(mark, -1 - late - 65536 * epoch)
                 pending = 0
 
 
@@ -51,12 +58,12 @@ def _signal_wait(row, epoch, rank, heap_bases, to, frm, PEERS: tl.constexpr, SPI
     """Writes epoch into slot `rank` of `row` on the peers where `to` holds (release, sys), then waits
     until this rank's row holds at least epoch in the slots where `frm` holds (acquire, sys). to, frm:
     PEERS-wide masks over ranks. Giving up (SPIN) marks slot `rank` of this rank's own row."""
-    tl.debug_barrier()
+    _published()
     peers = tl.arange(0, PEERS)
     slots = _translate(row + rank, rank, tl.where(to, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=to, sem="release", scope="sys")
     _await(row + peers, frm, epoch, row + rank, SPIN)
-    tl.debug_barrier()
+    _acquired()
 
 
 @triton.jit
@@ -65,13 +72,13 @@ def _open(flag, value, mark, SPIN: tl.constexpr):
     orders the program's later accesses after it."""
     one = tl.zeros([1], tl.int32)
     _await(flag + one, one == 0, value, mark, SPIN, True)
-    tl.debug_barrier()
+    _acquired()
 
 
 @triton.jit
 def _hand_over(flag, value):
     """Orders the program's earlier accesses before it, then sets *flag to value (release, sys)."""
-    tl.debug_barrier()
+    _published()
     tl.atomic_xchg(flag, value, sem="release", scope="sys")
 
 
@@ -81,10 +88,10 @@ def _meet(row, peer, delta, live, target, mark, rank, SPIN: tl.constexpr):
     peer's counter in this rank's `row` reaches target (acquire, sys). row: this program's counters,
     one int64 per global rank; peer: the peers' global ranks; delta: their heap bases minus this
     rank's, in int64 elements. The barriers order the whole program's accesses around the counters."""
-    tl.debug_barrier()
+    _published()
     tl.atomic_add(row + rank + delta, tl.full(delta.shape, 1, tl.int64), mask=live, sem="release", scope="sys")
     _await(row + peer, live, target, mark, SPIN)
-    tl.debug_barrier()
+    _acquired()
 
 
 @triton.jit
