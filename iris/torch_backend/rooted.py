@@ -15,6 +15,7 @@ class Rooted(Reductions):
     """broadcast, reduce, gather and scatter (reduce shares Reductions' reduction by gather)."""
 
     def broadcast(self, tensors, opts=None):
+        self._order()
         if self._queued:
             self._enter()
         root = opts.rootRank
@@ -44,6 +45,7 @@ class Rooted(Reductions):
         return self._done(opts, tensors)
 
     def reduce(self, tensors, opts=None):
+        self._order()
         if self._queued:
             self._enter()
         call, red, root = "reduce", opts.reduceOp, opts.rootRank
