@@ -256,7 +256,7 @@ def fsdp_run(ctx, mixed, seed):
     for step in range(6):
         batches = [inputs((16, 64), torch.float32, seed * 100 + step, 1, dev)[0] + q for q in range(w)]
         targets = [inputs((16, 8), torch.float32, seed * 100 + step + 50, 1, dev)[0] * (q + 1) for q in range(w)]
-        loss = torch.nn.functional.mse_loss(model(batches[r]), targets[r])
+        loss = torch.nn.functional.mse_loss(model(batches[r]).float(), targets[r])
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -267,7 +267,7 @@ def fsdp_run(ctx, mixed, seed):
     diff = 0.0
     for p, q in zip(model.parameters(), ref.parameters()):
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        diff = max(diff, float((full.float() - q.float()).abs().max()))
+        diff = max(diff, float((full.detach().float() - q.detach().float()).abs().max()))
     return diff
 
 

@@ -40,7 +40,6 @@ import triton.language as tl
 
 from .aggregate import aggregate
 from .atomics import atomic_add, atomic_cas, atomic_xchg
-from .fence import _acquired, _published
 from .rma import load, store
 from .sync import wait
 
@@ -89,7 +88,7 @@ def _part(ctx, r, src, mask, locks, tile_id, WAIT: tl.constexpr):
     """Rank r's tile at src (after its locks[tile_id] reads 1 where WAIT), widened."""
     if WAIT:
         wait(locks + tile_id, 1, ctx.rank, r, ctx.heap_bases, "eq", "acquire", "sys")
-        _acquired()  # every thread's loads below come after the acquire
+        tl.debug_barrier()  # every thread's loads below come after the acquire
     return _widen(load(src, ctx.rank, r, ctx.heap_bases, mask=mask, other=0))
 
 
@@ -130,10 +129,10 @@ def _into(ctx, OP: tl.constexpr, r, ptrs, data, mask, locks, tile_id):
         held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
         while held != 0:
             held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
-        _acquired()  # the whole program reads after the lock is taken ...
+        tl.debug_barrier()  # the whole program reads after the lock is taken ...
         cur = load(ptrs, ctx.rank, r, ctx.heap_bases, mask=mask, other=0)
         store(ptrs, (_widen(cur) + _widen(data)).to(ptrs.dtype.element_ty), ctx.rank, r, ctx.heap_bases, mask=mask)
-        _published()  # ... and has written before it is released
+        tl.debug_barrier()  # ... and has written before it is released
         atomic_xchg(locks + tile_id, 0, ctx.rank, r, ctx.heap_bases, sem="release", scope="sys")
     else:
         store(ptrs, data, ctx.rank, r, ctx.heap_bases, mask=mask)

@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 
 from ..device import signal, store, wait
-from ..device.fence import _acquired, _published
 from .config import FusedConfig
 from .epoch import _epoch, _finish
 from .gemm import (_dot_tile, _tile_mn, _tile_ptrs, check_operands, interpreted, launch, operand, tile_args,
@@ -39,7 +38,6 @@ def _push_rows(a_ptr, g, flags, ctl, ep, heap_bases, rank, world, M_loc, K, sam,
                PK: tl.constexpr, PUSHERS: tl.constexpr):
     for i in range(1, world):
         wait(ctl + 2 + (rank + i) % world, ep - 1, rank, rank, heap_bases, cmp="ge")
-        _acquired()
     chunks = tl.cdiv(M_loc, BM)
     for chunk in range(pid, chunks, PUSHERS):
         rows = chunk * BM + tl.arange(0, BM)
@@ -50,7 +48,7 @@ def _push_rows(a_ptr, g, flags, ctl, ep, heap_bases, rank, world, M_loc, K, sam,
             dst = g + (rank * M_loc + rows)[:, None].to(tl.int64) * K + cols[None, :]
             for i in range(1, world):
                 store(dst, v, rank, (rank + i) % world, heap_bases, mask=mask)
-        _published()
+        tl.debug_barrier()
         for i in range(1, world):
             signal(flags + rank * chunks + chunk, ep, rank, (rank + i) % world, heap_bases)
 
@@ -87,7 +85,6 @@ def _all_gather_matmul_kernel(a, a_ptr, g, g_ptr, b, c, flags, ctl, heap_bases, 
         src = (rank + t // per_shard) % world
         pid_m, pid_n = _tile_mn(t % per_shard, chunks, num_n, GROUP_M)
         wait(flags + src * chunks + pid_m, ep, rank, rank, heap_bases, cmp="ge")
-        _acquired()
         if TMA:
             _fence_async(pid)
         acc = _dot_tile(g, b, src * M_loc + pid_m * BM, pid_n * BN, (src + 1) * M_loc, N, K, K, 1, sbk, sbn, BM, BN,

@@ -9,7 +9,6 @@ import triton
 import triton.language as tl
 
 from ..device import signal
-from ..device.fence import _published
 
 
 @triton.jit
@@ -21,7 +20,7 @@ def _epoch(ctl):
 def _finish(ctl, ep, rank, world, heap_bases, NUM_PROGRAMS: tl.constexpr, NOTIFY: tl.constexpr):
     """Counts this program out; the last one of the call advances the epoch and, where NOTIFY, tells
     every peer (flag ctl[2 + rank] on the peer) that this rank has finished reading what they sent."""
-    _published()
+    tl.debug_barrier()
     old = tl.atomic_add(ctl + 1, 1, sem="acq_rel", scope="gpu")
     if old == ep * NUM_PROGRAMS - 1:
         if NOTIFY:

@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 
 from ..device import signal, store, wait
-from ..device.fence import _acquired, _published
 from .config import FusedConfig
 from .epoch import _epoch, _finish
 from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, launch, tile_args, tiles_for
@@ -32,7 +31,6 @@ def _matmul_all_gather_kernel(a, b, c, bias, flags, ctl, heap_bases, rank, world
             signal(ctl + 2 + rank, ep, rank, (rank + i) % world, heap_bases)
     for i in range(1, world):
         wait(ctl + 2 + (rank + i) % world, ep, rank, rank, heap_bases, cmp="ge")
-        _acquired()
     num_m = tl.cdiv(M_loc, BM)
     num_n = tl.cdiv(N, BN)
     T = num_m * num_n
@@ -49,13 +47,12 @@ def _matmul_all_gather_kernel(a, b, c, bias, flags, ctl, heap_bases, rank, world
         tl.store(p, part, mask=mask)
         for i in range(1, world):
             store(p, part, rank, (rank + i) % world, heap_bases, mask=mask)
-        _published()
+        tl.debug_barrier()
         for i in range(1, world):
             signal(flags + rank * T + t, ep, rank, (rank + i) % world, heap_bases)
     for t in range(pid, T, NUM_SMS):
         for i in range(1, world):
             wait(flags + ((rank + i) % world) * T + t, ep, rank, rank, heap_bases, cmp="ge")
-            _acquired()
     _finish(ctl, ep, rank, world, heap_bases, NUM_SMS, False)
 
 

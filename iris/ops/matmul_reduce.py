@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from ..device import signal, store, wait
-from ..device.fence import _acquired, _published
 from .config import FusedConfig
 from .epoch import _epoch, _finish
 from .gemm import _dot_tile, _tile_mn, _tile_ptrs, check_operands, interpreted, launch, tile_args, tiles_for
@@ -31,7 +30,6 @@ def _wait_and_sum(c, slots, flags, ep, heap_bases, rank, world, t, T, slot0, M_o
     slot buffer slot0 in rank order, writes the output tile."""
     for i in range(1, world):
         wait(flags + ((rank + i) % world) * T + t, ep, rank, rank, heap_bases, cmp="ge")
-        _acquired()
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for src in range(0, world):
         p, mask = _tile_ptrs(slots + slot0 + (src * M_out).to(tl.int64) * N, pid_m * BM, pid_n * BN, M_out, N, N, 1, BM,
@@ -85,7 +83,7 @@ def _matmul_reduce_kernel(a, b, c, slots, flags, ctl, heap_bases, rank, world, M
                         A_T, B_T, STAGES)
         part = acc.to(c.dtype.element_ty)
         if pend >= 0:  # its stores drained while this tile was computed: the release is cheap now
-            _published()
+            tl.debug_barrier()
             _signal_tile(flags + rank * T + pend, ep, rank, world, pend_owner, heap_bases, SCATTER)
         p, mask = _tile_ptrs(slots + mine, pid_m * BM, pid_n * BN, M_out, N, N, 1, BM, BN)
         if owner != rank:  # scatter: the owner alone needs it
@@ -109,7 +107,7 @@ def _matmul_reduce_kernel(a, b, c, slots, flags, ctl, heap_bases, rank, world, M
             prev_m = pid_m
             prev_n = pid_n
     if pend >= 0:
-        _published()
+        tl.debug_barrier()
         _signal_tile(flags + rank * T + pend, ep, rank, world, pend_owner, heap_bases, SCATTER)
     if have_prev:
         _wait_and_sum(c, slots, flags, ep, heap_bases, rank, world, prev, T, slot0, M_out, N, scm, scn, prev_m,

@@ -20,7 +20,6 @@ import triton.language as tl
 
 from ..device import signal
 from ..device import tile_collectives as tiles
-from ..device.fence import _published
 from ..device.tiles import Tile, TileView, make_tensor_view
 from .config import FusedConfig
 from .gemm import _dot_tile, _tile_mn, check_operands, launch, tile_args, tiles_for
@@ -48,7 +47,7 @@ def _matmul_tile_reduce_kernel(a, b, c, part, locks, heap_bases, M, N, K, sam, s
             p, mask = published.tile_ptr(tile)
             tl.store(p, tile.data, mask=mask)
         if OP == "one_shot" or OP == "two_shot" or OP == "reduce_scatter":
-            _published()  # every thread's stores before the flag
+            tl.debug_barrier()  # every thread's stores before the flag
             signal(locks + pid_m * num_n + pid_n, 1, RANK, RANK, heap_bases)  # release, sys scope
         if OP == "atomic":
             tiles.all_reduce_atomic(ctx, tile, dst)

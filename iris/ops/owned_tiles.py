@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 
 from ..device import signal, store, wait
-from ..device.fence import _acquired, _published
 from .epoch import _epoch, _finish
 from .gemm import _dot_tile, _tile_ptrs, interpreted, launch, tile_args, tiles_for
 
@@ -58,11 +57,10 @@ def _owned_tiles_kernel(a, b, c, slots, flags, gather, gflags, ctl, heap_bases, 
         pid_n = t % num_n
         acc = _dot_tile(a, b, pid_m * BM, pid_n * BN, M, N, K, sam, sak, sbk, sbn, BM, BN, BK, TMA, A_T, B_T, STAGES)
         wait(ctl + 2 + owner, ep - 1, rank, rank, heap_bases, cmp="ge")  # the owner is done with its slots
-        _acquired()
         local = t - owner * tpr
         store(slots + tl.cast(rank * per + local, tl.int64) * (BM * BN) + blk, acc.to(c.dtype.element_ty), rank, owner,
               heap_bases)
-        _published()
+        tl.debug_barrier()
         signal(flags + rank * per + local, ep, rank, owner, heap_bases)
         if not ALL:  # as Iris, whose preamble zeroes C: the tiles other ranks own read 0
             p, mask = _tile_ptrs(c, pid_m * BM, pid_n * BN, M, N, scm, scn, BM, BN)
@@ -76,7 +74,6 @@ def _owned_tiles_kernel(a, b, c, slots, flags, gather, gflags, ctl, heap_bases, 
         for j in range(1, world):
             src = (rank + j) % world
             wait(flags + src * per + local, ep, rank, rank, heap_bases, cmp="ge")
-            _acquired()
             acc += tl.load(slots + tl.cast(src * per + local, tl.int64) * (BM * BN) + blk).to(tl.float32)
         out = acc.to(c.dtype.element_ty)
         p, mask = _tile_ptrs(c, pid_m * BM, pid_n * BN, M, N, scm, scn, BM, BN)
@@ -85,14 +82,13 @@ def _owned_tiles_kernel(a, b, c, slots, flags, gather, gflags, ctl, heap_bases, 
             for j in range(1, world):
                 peer = (rank + j) % world
                 store(gather + tl.cast(t, tl.int64) * (BM * BN) + blk, out, rank, peer, heap_bases)
-            _published()
+            tl.debug_barrier()
             for j in range(1, world):
                 signal(gflags + t, ep, rank, (rank + j) % world, heap_bases)
     if ALL:  # the other ranks' reduced tiles
         for i in range(pid, T - (hi - lo), NUM_SMS):
             t = tl.where(i < lo, i, i + hi - lo)
             wait(gflags + t, ep, rank, rank, heap_bases, cmp="ge")
-            _acquired()
             pid_m = t // num_n
             pid_n = t % num_n
             p, mask = _tile_ptrs(c, pid_m * BM, pid_n * BN, M, N, scm, scn, BM, BN)

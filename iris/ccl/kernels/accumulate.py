@@ -3,7 +3,6 @@ spinlock (a lock per block around a remote read-modify-write)."""
 import triton
 import triton.language as tl
 
-from ...device.fence import _acquired, _published
 from .common import _peer_offset, _signal_wait, _start
 
 
@@ -42,10 +41,10 @@ def accumulate_kernel(inp, out, acc, locks, flags, counters, heap_bases, n, per,
                 free = tl.zeros([], tl.int64)  # atomic_cas wants the lock's own type
                 while tl.atomic_cas(lock, free, free + 1, sem="acquire", scope="sys") != 0:
                     pass
-                _acquired()
+                tl.debug_barrier()
                 cur = tl.load(there, mask=mask, volatile=True)
                 tl.store(there, cur + x, mask=mask)
-                _published()
+                tl.debug_barrier()
                 tl.atomic_xchg(lock, free, sem="release", scope="sys")
             else:
                 tl.atomic_add(there, x, mask=mask, sem="relaxed", scope="sys")

@@ -7,7 +7,6 @@ The synchronisation rules they keep are the package's (iris/ccl/kernels/__init__
 import triton
 import triton.language as tl
 
-from ...device.fence import _acquired, _published
 from ...device.translate import _translate
 
 
@@ -17,13 +16,13 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
     slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
     PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags.
     SPIN: as _await's; giving up marks slot `rank` of this rank's own row (no peer writes there)."""
-    _published()
+    tl.debug_barrier()
     peers = tl.arange(0, PEERS)
     live = (peers < WORLD) & (peers != rank)
     slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
     _await(row + peers, live, epoch, row + rank, SPIN)
-    _acquired()
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -58,12 +57,12 @@ def _signal_wait(row, epoch, rank, heap_bases, to, frm, PEERS: tl.constexpr, SPI
     """Writes epoch into slot `rank` of `row` on the peers where `to` holds (release, sys), then waits
     until this rank's row holds at least epoch in the slots where `frm` holds (acquire, sys). to, frm:
     PEERS-wide masks over ranks. Giving up (SPIN) marks slot `rank` of this rank's own row."""
-    _published()
+    tl.debug_barrier()
     peers = tl.arange(0, PEERS)
     slots = _translate(row + rank, rank, tl.where(to, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=to, sem="release", scope="sys")
     _await(row + peers, frm, epoch, row + rank, SPIN)
-    _acquired()
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -72,13 +71,13 @@ def _open(flag, value, mark, SPIN: tl.constexpr):
     orders the program's later accesses after it."""
     one = tl.zeros([1], tl.int32)
     _await(flag + one, one == 0, value, mark, SPIN, True)
-    _acquired()
+    tl.debug_barrier()
 
 
 @triton.jit
 def _hand_over(flag, value):
     """Orders the program's earlier accesses before it, then sets *flag to value (release, sys)."""
-    _published()
+    tl.debug_barrier()
     tl.atomic_xchg(flag, value, sem="release", scope="sys")
 
 
@@ -88,10 +87,10 @@ def _meet(row, peer, delta, live, target, mark, rank, SPIN: tl.constexpr):
     peer's counter in this rank's `row` reaches target (acquire, sys). row: this program's counters,
     one int64 per global rank; peer: the peers' global ranks; delta: their heap bases minus this
     rank's, in int64 elements. The barriers order the whole program's accesses around the counters."""
-    _published()
+    tl.debug_barrier()
     tl.atomic_add(row + rank + delta, tl.full(delta.shape, 1, tl.int64), mask=live, sem="release", scope="sys")
     _await(row + peer, live, target, mark, SPIN)
-    _acquired()
+    tl.debug_barrier()
 
 
 @triton.jit

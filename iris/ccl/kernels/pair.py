@@ -17,7 +17,6 @@ import triton.language as tl
 
 from ...device.atomics import atomic_add
 from ...device.rma import put
-from ...device.fence import _acquired, _published
 from .common import _await, _meet, _members, _peer_offset, _reduce_ranks
 
 # ranks as plain arguments: one compiled kernel serves every rank and root (Triton would compile an int
@@ -147,7 +146,7 @@ def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer
             dst += _peer_offset(heap_bases, peer, mine, VEC)
     else:
         _await(sent + pid * world + peer + one, one == 0, e, counts + pid * world + rank, SPIN)
-    _acquired()
+    tl.debug_barrier()
     lo = pid * per
     hi = tl.minimum(lo + per, n)
     for s in range(lo, hi, BLOCK):
@@ -156,7 +155,7 @@ def mailbox_kernel(src, dst, sent, acked, counts, heap_bases, n, per, rank, peer
             put(src + o, dst + o, rank, peer, heap_bases, mask=o < n)
         else:
             tl.store(dst + o, tl.load(src + o, mask=o < n, volatile=True), mask=o < n)  # a peer's stores, on recv
-    _published()
+    tl.debug_barrier()
     count_at = (sent if SEND else acked) + pid * world + rank
     if FAR:
         atomic_add(count_at, 1, rank, peer, heap_bases, sem="release", scope="sys")
