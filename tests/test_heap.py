@@ -205,7 +205,7 @@ def test_factories_behave_like_torch(allocator):
         out = ctx.empty(4)
         assert ctx.zeros(4, out=out) is out and bool((out == 0).all())
         assert ctx.arange(4, out=out) is out and torch.equal(out.cpu(), torch.arange(4.0))
-        with pytest.raises(ValueError, match="out must be a heap tensor"):
+        with pytest.raises(ValueError, match="The output tensor is not on the symmetric heap"):
             ctx.zeros(4, out=torch.empty(4))
         with pytest.raises(ValueError, match="leave it out"):
             ctx.zeros(4, device="meta")
