@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,7 @@ SOURCE = None
 PLACEHOLDER = re.compile(r"'[^']*'|<[^>]*>|\b[A-Z]\b|\(\.\.\.\)|\.\.\.|\[[^\]]*\]|0x[0-9a-f.]+|\b\d+(\.\d+)?\b")
 QUOTED_ROW = re.compile(r"^\| `([^`]+)`", re.M)              # a table row that starts with a quoted message
 QUOTED_BULLET = re.compile(r"^\* \*\*`([^`]+)`", re.M)         # a bullet headed by one
+QUOTED_PARA = re.compile(r"^`([^`]+)`:", re.M)                   # a paragraph headed by one (the warnings)
 
 
 def _source() -> str:
@@ -128,7 +130,7 @@ def _printed(piece: str, source: str) -> bool:
 
 def quoted_messages():
     text = (DOCS / "troubleshooting.md").read_text()
-    found = QUOTED_ROW.findall(text) + QUOTED_BULLET.findall(text)
+    found = QUOTED_ROW.findall(text) + QUOTED_BULLET.findall(text) + QUOTED_PARA.findall(text)
     return [m for m in found if " " in m and not m.startswith(("cu", "hip", "mmap", "memfd", "open(", "ipc_"))]
 
 
@@ -185,6 +187,18 @@ def test_quoted_messages_are_what_iris_raises(monkeypatch):
         check("free: this tensor was freed already", lambda: ctx.free(x))
     finally:
         ctx.close()
+
+    def warns(start, fn):
+        doc = next(m for m in quoted_messages() if m.startswith(start))
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            fn().close()
+        said = [str(w.message) for w in got]
+        assert any(_as_pattern(doc).fullmatch(s) for s in said), f"docs/troubleshooting.md quotes\n{doc}\niris warns\n{said}"
+
+    warns("heap_size=N is not a multiple", lambda: iris.iris(heap_size=(2 << 20) + 1, allocator="vmem"))
+    monkeypatch.setenv("IRIS_ALLOCATOR", "vmem")
+    warns("IRIS_ALLOCATOR=vmem overrides", lambda: iris.iris(heap_size=2 << 20, allocator="torch"))
 
 
 # a command line in the docs: the script or command, then its options up to the end of the code span
