@@ -2,8 +2,8 @@
 
 A block whose first line is `# ranks: N` is a script for `python -m iris.run -n N`; any other
 block runs alone in a fresh interpreter. A block with the line `# prints: the text block above`
-must print that ```text block (compared with whitespace collapsed), so shown output cannot drift
-from what iris prints. Blocks are the documentation's promises, so each one
+(or `below`: the first one after it) must print that ```text block (compared with whitespace
+collapsed), so shown output cannot drift from what iris prints. Blocks are the documentation's promises, so each one
 asserts what it shows; a block that only illustrates belongs in a ```text fence instead.
 """
 import ast
@@ -22,7 +22,7 @@ DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 RANKS = re.compile(r"\A#\s*ranks:\s*(\d+)\s*$", re.M)
 TEXT = re.compile(r"^```text[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
-PRINTS = "# prints: the text block above"
+PRINTS, PRINTS_BELOW = "# prints: the text block above", "# prints: the text block below"
 
 
 def blocks():
@@ -35,8 +35,11 @@ def blocks():
             line = text[:m.start()].count("\n") + 1
             found = RANKS.match(code)
             shown = [t.group(1) for t in TEXT.finditer(text, 0, m.start())]
-            expect = shown[-1] if PRINTS in code and shown else None
-            assert PRINTS not in code or expect, f"{page.name}:{line} promises a text block above and has none"
+            after = TEXT.search(text, m.end())
+            expect = shown[-1] if PRINTS in code and shown else \
+                after.group(1) if PRINTS_BELOW in code and after else None
+            assert (PRINTS not in code and PRINTS_BELOW not in code) or expect, \
+                f"{page.name}:{line} promises a text block and has none"
             out.append(pytest.param(code, int(found.group(1)) if found else 0, expect, id=f"{page.name}:{line}"))
     return out
 
