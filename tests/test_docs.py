@@ -237,3 +237,67 @@ def test_flags_in_docs_are_declared():
                     wrong.append(f"{page.name}: {target} {flag}")
     assert seen > 20, seen
     assert not wrong, "flags the code does not declare:\n" + "\n".join(sorted(set(wrong)))
+
+
+# -- links, the reading order, and one home per figure ----------------------------------------------
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def _anchors(page: Path) -> set:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as -."""
+    text = CODE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_links_reach_a_page_and_a_heading():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(CODE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_index_lists_every_page_and_every_page_says_where_next():
+    index = (DOCS / "README.md").read_text()
+    listed = set(LINK.findall(index))
+    missing = [p.name for p in DOCS.glob("*.md") if p.name != "README.md" and p.name not in listed]
+    assert not missing, f"docs/README.md does not list {missing}"
+    for page in DOCS.glob("*.md"):
+        last = page.read_text().rstrip().split("\n\n")[-1]
+        assert "Next:" in last and LINK.search(last.split("Next:", 1)[1]), f"{page.name} ends without a next page"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end < 0 else text[start:end]
+
+
+def test_readme_figures_are_rows_of_performance_md():
+    """The README quotes a few headline rows; each is a row of docs/performance.md, word for word,
+    and every number in its Performance section appears there, so a figure has one home."""
+    section = _section((ROOT / "README.md").read_text(), "## Performance")
+    perf = (DOCS / "performance.md").read_text()
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    assert 1 <= len(rows) <= 6, f"the README quotes {len(rows)} rows: a few headline figures, the rest in performance.md"
+    assert all(row in perf.splitlines() for row in rows), [row for row in rows if row not in perf.splitlines()]
+    figures = set(re.findall(r"\d+(?:[.,]\d+)*", section))
+    assert not {f for f in figures if f not in perf}, sorted(f for f in figures if f not in perf)
+
+
+def test_design_md_lists_the_layers_import_linter_enforces():
+    layers = re.search(r"^layers = \[\n(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M).group(1)
+    enforced = re.findall(r'"([^"]+)"', layers)
+    table = [cell.replace("\\|", "|") for cell in
+             re.findall(r"^\| `((?:[^`]|`(?! \|))+)` \|", _section((DOCS / "design.md").read_text(), "## Layers"), re.M)]
+    assert table == enforced, f"docs/design.md's layers\n{table}\nimport-linter's (pyproject.toml)\n{enforced}"
