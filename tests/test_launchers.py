@@ -228,13 +228,15 @@ def test_a_rank_waiting_for_a_silent_rank_0_says_so_and_keeps_the_timeout(tmp_pa
 
 def test_the_job_ends_soon_after_a_rank_gives_up_on_a_stuck_one(tmp_path):
     """IRIS_TIMEOUT=3 and rank 1 stuck: once rank 0 gives up, iris.run stops rank 1 at once rather than
-    give it the launcher's grace for ranks that may still fail on their own (it waited 5 s more)."""
+    give it the launcher's grace for ranks that may still fail on their own. The job ended 5.6 s after
+    rank 0 gave up (the 5 s grace and the ranks' exits); now about 0.5 s, so 4.5 s leaves room for a
+    loaded machine and still fails on the grace alone."""
     proc = _job(tmp_path, STUCK.replace("print(", "print('at', time.time(), "),
                 env={"IRIS_TIMEOUT": "3"})
     ended = time.time()
     assert "stopped rank 1 after rank 0 failed" in proc.stderr, proc.stderr
     gave_up = float(next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("at ")))
-    assert ended - gave_up < 3.0, f"the job ended {ended - gave_up:.1f} s after rank 0 gave up"
+    assert ended - gave_up < 4.5, f"the job ended {ended - gave_up:.1f} s after rank 0 gave up"
 
 
 SPAWN_STUCK = """import time, iris
@@ -266,5 +268,5 @@ def test_spawn_stops_a_rank_that_another_gave_up_on(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     at = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines()}
-    assert at["raised at"] - at["gave up at"] < 3.0, f"iris.spawn raised {at['raised at'] - at['gave up at']:.1f} s " \
-                                                     "after rank 0 gave up"
+    assert at["raised at"] - at["gave up at"] < 10.0, f"iris.spawn raised {at['raised at'] - at['gave up at']:.1f} s " \
+                                                      "after rank 0 gave up (rank 1 sleeps 60 s)"
