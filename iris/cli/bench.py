@@ -185,7 +185,8 @@ def run_one(b: Benchmark, script: Path, nprocs: int, gpu: bool, quick: bool, out
 
 def main(argv=None) -> int:
     from . import report
-    parser = argparse.ArgumentParser(prog="iris bench", description=" ".join(__doc__.split("\n\n")[:2]).replace("\n", " "))
+    about = " ".join(__doc__.split("\n\n")[:2]).replace("\n", " ")  # what it runs, and where
+    parser = argparse.ArgumentParser(prog="iris bench", description=about)
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: done in about a minute")
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these ({', '.join(b.name for b in BENCHMARKS)})")
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON, logs, table and plot "
