@@ -59,6 +59,11 @@ class Iris:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
         name = settings.ALLOCATOR.get() or allocator or allocator_type or "torch"
         self.allocator_name = name = allocator_named(name)
+        asked = allocator or allocator_type
+        if asked is not None and allocator_named(asked) != name:  # the environment wins: say so, or the
+            # allocator's own messages (rounding, out of memory) read as if the argument were ignored
+            warnings.warn(f"IRIS_ALLOCATOR={name} overrides allocator={asked!r}: this heap uses the {name} allocator",
+                          stacklevel=user_stacklevel())
         self._debug = settings.DEBUG.get()  # ctx.free's check of other views
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout) if group is None else group

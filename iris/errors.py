@@ -35,9 +35,11 @@ class DriverError(IrisError, RuntimeError):
 class HeapOutOfMemory(IrisError, MemoryError):
     """The heap (or the device behind it) cannot back a request; the heap stays usable."""
 
-    def __init__(self, requested: int, free: int, heap_size: int, hint: str = ""):
+    def __init__(self, requested: int, free: int, heap_size: int, hint: str = "", creating: bool = False):
         self.requested, self.free, self.heap_size = requested, free, heap_size
-        msg = (f"cannot allocate {requested} bytes: {free} bytes free in a heap of {heap_size} bytes")
+        # creating: the heap itself cannot be had, so there is no heap yet whose free bytes to count
+        msg = (f"cannot create a heap of {requested} bytes (heap_size): {free} bytes free here" if creating else
+               f"cannot allocate {requested} bytes: {free} bytes free in a heap of {heap_size} bytes")
         super().__init__(msg + ". " + (hint or "Free tensors with ctx.free() or create the heap with a larger heap_size."))
 
 
