@@ -26,9 +26,10 @@ def row(benchmark: str, measure: str, unit: str, iris: Optional[float], referenc
         ref_value: Optional[float], higher_is_better: bool, compare: bool = True) -> dict:
     """One line of the table; 'speedup' > 1 means iris does better than the reference. compare=False:
     the two figures are shown but their ratio means nothing (a kernel in Triton's interpreter against
-    a CPU copy)."""
+    a CPU copy). A figure at or below zero (extra memory that a noisy host measured as freed) gets no
+    ratio either."""
     speedup = None
-    if compare and iris and ref_value:
+    if compare and iris and ref_value and iris > 0 and ref_value > 0:
         speedup = iris / ref_value if higher_is_better else ref_value / iris
     return {"benchmark": benchmark, "measure": measure, "unit": unit, "iris": iris, "reference": reference,
             "reference_value": ref_value, "speedup": speedup}
