@@ -13,7 +13,7 @@ from .errors import DISTRIBUTION
 from .errors import (AddressMapError, BootstrapError, CaptureError, CheckpointError, CollectiveError, ConfigError,
                      ContextClosed, DeviceCheckError, DriverError, FactoryArgumentError, GluonUnavailable,
                      HeapOutOfMemory, IndirectPeerError, IrisError, NvshmemUnavailable, ProviderUnavailable, ReadError,
-                     ReuseTimeout, SettingError, SpansHostsError, SymmetryError)
+                     ReuseTimeout, SettingError, SpansHostsError, SymmetryError, WaitTimeout)
 from .platform import detect as _detect
 
 try:
@@ -83,7 +83,7 @@ __all__ = ["AddressMapError", "BootstrapError", "CaptureError", "CheckpointError
            "ContextClosed", "DEBUG", "DeviceCheckError", "DeviceContext", "DriverError", "ERROR",
            "FactoryArgumentError", "GluonUnavailable", "HeapOutOfMemory", "INFO", "IndirectPeerError", "Iris",
            "IrisError", "NvshmemUnavailable", "ProviderUnavailable", "ReadError", "ReuseTimeout", "SettingError",
-           "SpansHostsError", "SymmetryError", "TensorView", "Tile", "TileView", "TraceEvent", "WARNING",
+           "SpansHostsError", "SymmetryError", "TensorView", "Tile", "TileView", "TraceEvent", "WARNING", "WaitTimeout",
            "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min", "atomic_or", "atomic_sub",
            "atomic_xchg", "atomic_xor", "barrier_kernel", "copy", "do_bench", "get", "iris", "launch", "load",
            "logger", "make_tensor_view", "put", "set_logger_level", "signal", "spawn", "store", "translate", "wait"]

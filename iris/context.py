@@ -12,7 +12,7 @@ import torch
 from . import distributed, settings
 from .allocators import ALLOCATORS, allocator_named, check_heap_size
 from .device_name import DeviceName
-from .errors import IrisError, pip_install, user_stacklevel
+from .errors import IrisError, WaitTimeout, pip_install, user_stacklevel
 from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
 from .device.translate import HIDDEN, bases_table
@@ -59,6 +59,11 @@ class Iris:
             raise ValueError(f"allocator={allocator!r} and allocator_type={allocator_type!r} disagree; pass one")
         name = settings.ALLOCATOR.get() or allocator or allocator_type or "torch"
         self.allocator_name = name = allocator_named(name)
+        asked = allocator or allocator_type
+        if asked is not None and allocator_named(asked) != name:  # the environment wins: say so, or the
+            # allocator's own messages (rounding, out of memory) read as if the argument were ignored
+            warnings.warn(f"IRIS_ALLOCATOR={name} overrides allocator={asked!r}: this heap uses the {name} allocator",
+                          stacklevel=user_stacklevel())
         self._debug = settings.DEBUG.get()  # ctx.free's check of other views
         self.driver = get_driver(platform)
         self.group = distributed.connect(timeout) if group is None else group
@@ -184,6 +189,9 @@ class Iris:
         Collective: all ranks. group: None or every rank (subsets raise NotImplementedError)."""
         covers_job(group, self.world, "barrier")
         self.heap.check_symmetry(sync=True if stream is None else stream)
+        ccl = self.__dict__.get("_ccl")
+        if ccl is not None and stream is None:  # the device is synced: a wait that gave up shows now
+            ccl.check_waits()
 
     # -- memory ------------------------------------------------------------
     def is_symmetric(self, t: torch.Tensor) -> bool:
@@ -378,6 +386,12 @@ class Iris:
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
             if not isinstance(self.heap, ClosedHeap):
                 self.heap.as_symmetric.clear()
+            ccl, gave_up = self.__dict__.get("_ccl"), None
+            if ccl is not None and not isinstance(self.heap, ClosedHeap):
+                try:
+                    ccl.check_waits()
+                except WaitTimeout as e:  # raised once the heap is closed
+                    gave_up = e
             self.reserve = ClosedHeap("reserve")  # the context's tensors must not hold it; ccl and ops read it
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):
                 if cache is not None:  # nor the collectives' workspaces; a held reference builds anew, and raises
@@ -386,6 +400,8 @@ class Iris:
                 self.heap.close()
             finally:
                 self.heap = ClosedHeap()  # any later use raises ContextClosed
+            if gave_up is not None:
+                raise gave_up
 
     def __enter__(self) -> "Iris":
         return self

@@ -35,9 +35,11 @@ class DriverError(IrisError, RuntimeError):
 class HeapOutOfMemory(IrisError, MemoryError):
     """The heap (or the device behind it) cannot back a request; the heap stays usable."""
 
-    def __init__(self, requested: int, free: int, heap_size: int, hint: str = ""):
+    def __init__(self, requested: int, free: int, heap_size: int, hint: str = "", creating: bool = False):
         self.requested, self.free, self.heap_size = requested, free, heap_size
-        msg = (f"cannot allocate {requested} bytes: {free} bytes free in a heap of {heap_size} bytes")
+        # creating: the heap itself cannot be had, so there is no heap yet whose free bytes to count
+        msg = (f"cannot create a heap of {requested} bytes (heap_size): {free} bytes free here" if creating else
+               f"cannot allocate {requested} bytes: {free} bytes free in a heap of {heap_size} bytes")
         super().__init__(msg + ". " + (hint or "Free tensors with ctx.free() or create the heap with a larger heap_size."))
 
 
@@ -59,6 +61,12 @@ class SymmetryError(IrisError, RuntimeError):
 
 class CaptureError(IrisError, RuntimeError):
     """An allocation or free during CUDA graph capture that capture cannot record safely (growth, a free)."""
+
+
+class WaitTimeout(IrisError, TimeoutError):
+    """A collective's device wait gave up (IRIS_SPIN_LIMIT, Config.spin_limit): names the collective, the
+    waiting rank, the peer it waited for, the flag and the epoch. The collective's result is wrong and
+    its workspace unusable; the job should end."""
 
 
 class ReuseTimeout(IrisError, TimeoutError):

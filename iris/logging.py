@@ -10,10 +10,21 @@ DEBUG, INFO, WARNING, ERROR = _logging.DEBUG, _logging.INFO, _logging.WARNING, _
 logger = _logging.getLogger("iris")
 if not logger.handlers:
     _handler = _logging.StreamHandler()
-    _handler.setFormatter(_logging.Formatter("[iris rank %(iris_rank)s/%(iris_num_ranks)s] %(levelname)s: %(message)s"))
+    _handler.setFormatter(_logging.Formatter("[iris rank %(iris_rank)s/%(iris_num_ranks)s] %(levelname)s: %(message)s",
+                                             defaults={"iris_rank": "?", "iris_num_ranks": "?"}))
     logger.addHandler(_handler)
     logger.propagate = False
     logger.setLevel(WARNING)
+
+
+class IrisFormatter(_logging.Formatter):
+    """Iris's format, for handlers a program attaches itself: "[Iris] [rank/world] message", or
+    "[Iris] message" for a record logged without a rank (through iris.logger directly)."""
+
+    def format(self, record) -> str:
+        rank = getattr(record, "iris_rank", None)
+        tag = "[Iris]" if rank is None else f"[Iris] [{rank}/{getattr(record, 'iris_num_ranks', '?')}]"
+        return f"{tag} {record.getMessage()}"
 
 
 def set_logger_level(level) -> None:

@@ -124,6 +124,9 @@ DEBUG = Setting("IRIS_DEBUG", False, "compile rank and pointer checks into every
                 "ctx.free refuses a block other tensors still view (read when a context is made)", _flag)
 REUSE_TIMEOUT = Setting("IRIS_REUSE_TIMEOUT", 120.0, "seconds a reused heap block waits for peers' work queued before "
                         "their free, with no counter moving, before ReuseTimeout", _seconds)
+SPIN_LIMIT = Setting("IRIS_SPIN_LIMIT", 1 << 28, "most polls of a flag a collective's device wait makes before it gives up "
+                    "and the host raises WaitTimeout (about 1 us a poll on an H100; 0: wait for ever); "
+                    "Config.spin_limit wins", _count)
 INDIRECT_PEERS = Setting("IRIS_INDIRECT_PEERS", frozenset(), "peers reached through NVSHMEM although loads could: "
                          "all, none or ranks such as 1,3 (allocator='nvshmem')", _peers)
 CCL_PUTS = Setting("IRIS_CCL_PUTS", False, "ctx.ccl moves data by puts although every peer is direct", _flag)
@@ -145,7 +148,7 @@ JOB_SECRET = Setting("IRIS_JOB_SECRET", None, "secret ranks prove to each other 
 INTERPRET = Setting("TRITON_INTERPRET", False, "kernels run in Triton's interpreter (iris sets 1 on the host "
                     "platform before any kernel is defined)", _flag)
 
-SETTINGS = {s.name: s for s in (PLATFORM, ALLOCATOR, TIMEOUT, CHECK_SYMMETRY, DEBUG, REUSE_TIMEOUT, INDIRECT_PEERS,
+SETTINGS = {s.name: s for s in (PLATFORM, ALLOCATOR, TIMEOUT, CHECK_SYMMETRY, DEBUG, REUSE_TIMEOUT, SPIN_LIMIT, INDIRECT_PEERS,
                                 CCL_PUTS, NVSHMEM_BITCODE, ADDR, PORT, HOSTNAME, HEAP_SIZE, RANK, WORLD_SIZE, LOCAL_RANK,
                                 SOCKET_DIR, JOB_SECRET, INTERPRET)}
 SECRET = (JOB_SECRET.name,)  # never printed

@@ -1,9 +1,12 @@
 """Host calls as Iris programs and tests make them: ctx.heap.allocate, ctx.device compared with
 str(ctx.get_device()), iris.logger, broadcast(value, source_rank=...), allocator_type="vmem_chunked",
-zeros(()), pin_memory=True. Only the import refers to this iris. Run: python tests/iris_style_host.py
-PORT (2 ranks; gloo).
+zeros(()), pin_memory=True, out= refused in Iris's words, memory formats, iris.ccl.utils.extract_group_info
+over torch groups, iris.tensor_creation, IrisFormatter, tracing.trace_counter. Only the import refers to
+this iris. Run: python tests/iris_style_host.py PORT (2 ranks; gloo).
 """
+import io
 import logging
+import re
 import sys
 import warnings
 
@@ -21,6 +24,71 @@ def read_remote(buffer, out, n, cur_rank, remote_rank, heap_bases, BLOCK_SIZE: t
     offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
     tl.store(out + offsets, iris.load(buffer + offsets, cur_rank, remote_rank, heap_bases, mask=mask), mask=mask)
+
+
+def _raises(fn, pattern):
+    try:
+        fn()
+    except RuntimeError as e:
+        assert re.search(pattern, str(e)), str(e)
+    else:
+        raise AssertionError(f"no RuntimeError ({pattern})")
+
+
+@triton.jit
+def traced_load(context_tensor, buffer, out, cur_rank: tl.constexpr, num_ranks: tl.constexpr):
+    ctx = iris.DeviceContext.initialize(context_tensor, cur_rank, num_ranks, tracing=True)
+    offsets = tl.arange(0, 16)
+    tl.store(out + offsets, ctx.load(buffer + offsets, (cur_rank + 1) % num_ranks))
+
+
+def _iris_unittests(shmem):
+    """Calls as Iris's tests/unittests and tests/ccl make them, where iris once differed."""
+    from iris import tensor_creation
+    from iris.ccl.utils import extract_group_info
+    from iris.host.logging.logging import IrisFormatter
+    cur_rank, num_ranks = shmem.get_rank(), shmem.get_num_ranks()
+
+    _raises(lambda: shmem.zeros(3, 3, out=shmem.heap.allocate(4, torch.float32)),
+            "The output tensor has 4 elements, but 9 are required")
+    _raises(lambda: shmem.zeros(3, 3, dtype=torch.float32, out=shmem.heap.allocate(9, torch.int32)),
+            "The output tensor has dtype torch.int32, but torch.float32 is required")
+    _raises(lambda: shmem.zeros(3, 3, out=torch.zeros(3, 3)), "The output tensor is not on the symmetric heap")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert shmem.empty(3, 3, memory_format=torch.channels_last).shape == (3, 3)
+    result_5d = shmem.zeros_like(shmem.full((2, 3, 4, 5, 6), 1, dtype=torch.float32),
+                                 memory_format=torch.channels_last_3d)
+    assert result_5d.stride() == torch.empty(2, 3, 4, 5, 6, memory_format=torch.channels_last_3d).stride()
+    _raises(lambda: tensor_creation.throw_if_invalid_output_tensor(shmem.heap, shmem.heap.allocate(4, torch.float32),
+                                                                   9, torch.float32), "4 elements, but 9 are required")
+    assert torch.all(tensor_creation.zeros(shmem.heap, shmem.get_device(), (2, 3), dtype=torch.float32) == 0)
+
+    assert extract_group_info(None, shmem) == (cur_rank, cur_rank, num_ranks, 0, 1)
+    groups = [dist.new_group([r]) for r in range(num_ranks)]  # collective: every rank makes every group
+    assert extract_group_info(groups[cur_rank], shmem) == (0, cur_rank, 1, cur_rank, 1)
+    everyone = dist.new_group(list(range(num_ranks)))
+    assert extract_group_info(everyone, shmem) == (cur_rank, cur_rank, num_ranks, 0, 1)
+
+    log_capture = io.StringIO()
+    handler = logging.StreamHandler(log_capture)
+    handler.setFormatter(IrisFormatter())
+    original = iris.logger.handlers[:]
+    iris.logger.handlers = [handler]
+    try:
+        iris.logger.info("Test info message")
+    finally:
+        iris.logger.handlers = original
+    assert "[Iris] Test info message" in log_capture.getvalue(), log_capture.getvalue()
+
+    shmem.tracing.enable(max_events=1000)
+    buffer = shmem.full((16,), 1.0 + cur_rank)
+    out = torch.zeros(16, device=shmem.device)
+    shmem.barrier()
+    traced_load[(1,)](shmem.get_device_context(), buffer, out, cur_rank, num_ranks)
+    shmem.barrier()
+    assert shmem.tracing.trace_counter.item() >= 1
+    assert torch.equal(out.cpu(), torch.full((16,), 1.0 + (cur_rank + 1) % num_ranks))
 
 
 def _worker(rank, world_size, port):
@@ -63,6 +131,8 @@ def _worker(rank, world_size, port):
 
     r = shmem.randint(0, 10, (3, 3), device=shmem.device)
     assert str(r.device) == str(shmem.get_device()) and shmem.is_symmetric(r)
+
+    _iris_unittests(shmem)
     shmem.barrier()
     print(f"rank {cur_rank}: OK", flush=True)
     dist.destroy_process_group()

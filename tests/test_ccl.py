@@ -155,7 +155,16 @@ def check_spin_limit(ctx):
         ctx.ccl.all_reduce(out, x, config=cfg)
         if not (flags < 0).any():
             bad.append("a program whose peer never came did not mark its flags")
-    ctx.barrier()
+    try:  # the host looks at the next barrier: one WaitTimeout naming the call, the peer and the epoch
+        ctx.barrier()
+        raised = ""
+    except iris.WaitTimeout as e:
+        raised = str(e)
+    want = ("rank 0: ctx.ccl.all_reduce (one_shot) gave up waiting for rank 1: flag row 0 (program 0, wait 1 of "
+            "the call) never reached epoch 1") if ctx.rank == 0 else ""
+    if not raised.startswith(want) or (want == "") != (raised == ""):
+        bad.append(f"WaitTimeout at the barrier: {raised!r}")
+    ctx.barrier()  # raised once: the next barrier passes
     ctx.ccl.free()
     return bad
 
@@ -331,5 +340,43 @@ def test_collectives_gpu(world):
     # so the repeats and replays shrink there (the checks stay the same)
     reps, replays = (3000, 200) if world <= max(2, torch.cuda.device_count()) else (100, 10)
     out = iris.spawn(rank_gpu, world, args=(int(os.environ.get("IRIS_CCL_REPS", reps)), replays))
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of {world}: {bad[:10]}"
+
+
+def rank_two_streams(reps):
+    """FSDP2's pattern: all-gathers on one stream and reduce-scatters on another, queued without a host
+    sync in between, fresh data every call; the context's stream order must keep them apart."""
+    ctx = iris.iris(heap_size=1 << 30)
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    bad, rows = [], 4097
+    for rep in range(reps):
+        ys = [_data((rows, 33), torch.float32, q, rep, dev) for q in range(w)]
+        xs = [_data((w * rows, 33), torch.float32, q, rep + 7, dev) for q in range(w)]
+        ag = _poisoned((w * rows, 33), torch.float32, dev)
+        rs = _poisoned((rows, 33), torch.float32, dev)
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(streams[0]):
+            ctx.ccl.all_gather(ag, ys[r])
+        with torch.cuda.stream(streams[1]):
+            ctx.ccl.reduce_scatter(rs, xs[r])
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        if not _same(ag, torch.cat(ys)):
+            bad.append(("all_gather", rep))
+        if not _same(rs, _reduce(xs, ReduceOp.SUM)[r * rows:(r + 1) * rows]):
+            bad.append(("reduce_scatter", rep))
+    if ctx.ccl.order.switches < reps:
+        bad.append(("stream switches waited for", ctx.ccl.order.switches))
+    ctx.close()
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_calls_from_two_streams_gpu(world):
+    out = iris.spawn(rank_two_streams, world, args=(200,))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of {world}: {bad[:10]}"

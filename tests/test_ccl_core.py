@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from iris import settings
 from iris.ccl import CollectiveError, Config, subsets
 from iris.ccl.config import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, GLUON_ONLY, REDUCE_SCATTER
 from iris.ccl.checks import Groups, on_heap, overlap, position, tensor
@@ -36,7 +37,7 @@ def test_split_covers_every_element_once(n, block, most):
 def test_pair_split_and_knobs():
     assert pair_split(10 << 10, torch.float32, Knobs(), 3, 128) == (3, 4096, 4096)  # 16 KiB blocks, sms programs
     assert pair_split(10 << 10, torch.float32, Knobs(block=64, sms=2), 3, 1)[:2] == (1, 10 << 10)  # cap wins
-    assert knobs(None) == Knobs() and knobs(Config(comm_sms=5, block_size=32, spin_limit=9)) == (32, 0, 5, 9)
+    assert knobs(None) == Knobs(spin=settings.SPIN_LIMIT.get()) and knobs(Config(comm_sms=5, block_size=32, spin_limit=9)) == (32, 0, 5, 9)
     with pytest.raises(CollectiveError, match="no Gluon kernel"):
         pair_knobs(Config(use_gluon=True))
 

@@ -120,12 +120,22 @@ def check_group_errors(ctx, heap, pair):
 def check_group_spin_limit(ctx, heap):
     """Config.spin_limit: rank 0 calls over [0, 1] while rank 1 never does; the program gives up and marks
     its seen row. Leaves the pair's counters out of step: the last group call of the job."""
-    if ctx.rank != 0:
-        return []
-    cfg = Config(block_size=16, comm_sms=1, spin_limit=20)
-    x, out = heap((16,), torch.float32).fill_(1), _poisoned((16,), torch.float32, ctx.device)
-    ctx.ccl.all_reduce(out, x, group=[0, 1], config=cfg)
-    return [] if (ctx.ccl.seen[0, 0] == -1).item() else ["a program whose peer never came did not mark seen"]
+    bad = []
+    if ctx.rank == 0:
+        cfg = Config(block_size=16, comm_sms=1, spin_limit=20)
+        x, out = heap((16,), torch.float32).fill_(1), _poisoned((16,), torch.float32, ctx.device)
+        ctx.ccl.all_reduce(out, x, group=[0, 1], config=cfg)
+        if not (ctx.ccl.seen[0, 0] < 0).item():
+            bad.append("a program whose peer never came did not mark seen")
+    try:
+        ctx.barrier()
+        raised = ""
+    except iris.WaitTimeout as e:
+        raised = str(e)
+    want = "rank 0: a group collective gave up waiting for group member 1" if ctx.rank == 0 else ""
+    if not raised.startswith(want) or (want == "") != (raised == ""):
+        bad.append(f"WaitTimeout at the barrier: {raised!r}")
+    return bad
 
 
 def run_groups(ctx, dist, dtypes, reps, big=()):

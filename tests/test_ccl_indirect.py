@@ -93,7 +93,7 @@ def check_spin_limit(ctx):
     if ctx.rank != 0:
         return []
     ctx.ccl.all_reduce(torch.empty(16), x, group=[1, 0], config=Config(comm_sms=1, spin_limit=20))
-    return [] if ctx.ccl.put_state[0, 1, 0].item() == -1 else ["a program whose peer never came did not mark"]
+    return [] if ctx.ccl.put_state[0, 1, 0].item() < 0 else ["a program whose peer never came did not mark"]
 
 
 def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):

@@ -336,7 +336,7 @@ def test_config_fields_and_defaults():
                         ("use_gluon", False), ("all_gather_variant", "pull"), ("all_to_all_variant", "default"),
                         ("all_reduce_variant", "auto"), ("all_reduce_distribution", 1), ("all_reduce_num_rings", 1),
                         ("all_reduce_ring_slice_n", 64), ("reduce_scatter_variant", "two_shot"), ("num_stages", 1),
-                        ("threads_per_warp", 32), ("waves_per_eu", 0), ("block_size", 0), ("spin_limit", 0)):
+                        ("threads_per_warp", 32), ("waves_per_eu", 0), ("block_size", 0), ("spin_limit", 1 << 28)):
         assert getattr(c, name) == value, (name, getattr(c, name))
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
     assert c.comm_sms == sms and c.chunk_size == min(16, sms)

@@ -124,10 +124,23 @@ def test_bench_quick_on_host(tmp_path):
         assert (tmp_path / f"{name}.json").exists(), (name, p.stdout)
         assert (tmp_path / f"{name}.log").exists()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [b["status"] for b in summary["benchmarks"]] == ["ok"] * 3
+    assert [b["status"] for b in summary["benchmarks"]] == ["ok"] * 3 + ["skipped"]
+    assert "collectives: skipped: needs a GPU per rank (NCCL is its reference)" in p.stdout, p.stdout
     names = {r["benchmark"] for r in summary["table"]}
     assert names == {"rma_bandwidth", "alloc_cost", "import_weights"}
+    first = p.stdout.splitlines()[0]
+    assert "on the host driver (no GPU)" in first and "against a CPU copy" in first, first
     assert "put bandwidth" in p.stdout and "gloo send/recv" in p.stdout and "iris x" in p.stdout
+    assert "CPU copy (torch copy_)" in p.stdout and "copy engine" not in p.stdout, p.stdout
+    # interpreted kernels against a CPU copy: no ratio; zero extra bytes: no ratio either (not inf)
+    for r in summary["table"]:
+        if r["benchmark"] == "rma_bandwidth" or r["iris"] == 0:
+            assert r["speedup"] is None, r
+    ratios = [line.split()[-1] for line in p.stdout.splitlines() if line.startswith(tuple(names))]
+    assert "inf" not in ratios and not any(x.startswith("0.0") for x in ratios), p.stdout
+    zero_copy = next(r for r in summary["table"] if r["benchmark"] == "import_weights" and r["unit"] == "ms"
+                     and r["reference"] == "iris copy into heap")
+    assert zero_copy["speedup"], zero_copy  # mapping against a copy: a ratio that means something here
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
@@ -212,8 +225,9 @@ def test_report_readers_on_gpu_shaped_results(tmp_path):
         {"method": "torch symm_mem empty+rendezvous+copy", "ms": 40.0, "extra_bytes": 1 << 30}]]}
     rows = report.import_weights(weights)
     assert [r["speedup"] for r in rows[:2]] == [10.0, 20.0]
+    assert rows[2]["iris"] == 0 and rows[2]["reference_value"] == 1024 and rows[2]["speedup"] is None
     text = report.render({"table": rows, "notes": []})
-    assert "inf" in text  # zero extra bytes against a GiB
+    assert "inf" not in text and text.splitlines()[-2].split()[-1] == "-"  # zero extra bytes: no ratio
     if importlib.util.find_spec("matplotlib"):
         assert report.plot_bandwidth(rma, tmp_path / "bw.png") == str(tmp_path / "bw.png")
         assert (tmp_path / "bw.png").stat().st_size > 1000
@@ -248,6 +262,59 @@ def test_report_names_references_that_could_not_run(tmp_path):
     assert "no results to compare" not in text and "NCCL skipped" in text
 
 
+def test_help_says_where_bench_runs():
+    p = iris_cli("bench", "--help")
+    assert p.returncode == 0 and "on the GPUs here" not in p.stdout, p.stdout
+    assert "host driver" in " ".join(p.stdout.split()) and "NCCL (where every rank has its own GPU)" in \
+        " ".join(p.stdout.split()), p.stdout
+
+
+def test_collectives_need_a_gpu_per_rank():
+    assert bench.gpu_per_rank(4, 4) is None and bench.gpu_per_rank(4, 2) is None
+    assert bench.gpu_per_rank(1, 2) == "NCCL needs a GPU per rank; 2 ranks share 1 GPU(s) (pass -n 1 or fewer)"
+    assert "this machine has none" in bench.gpu_per_rank(0, 2)
+
+
+def test_report_reads_the_collectives_results(tmp_path):
+    """The reader on the JSON of a real 2-GPU run (benchmarks/results/): one row per collective and
+    size, CUDA graph times against NCCL's, the ratio NCCL's time over iris's."""
+    data = json.loads((ROOT / "benchmarks" / "results" / "collectives-gpu-2ranks.json").read_text())
+    rows = report.table_rows("collectives", data)
+    assert len(rows) == len(data["all_reduce"]) + 3 * len(data["moves"])
+    first = rows[0]
+    assert first["measure"] == "all_reduce 1 KiB, graph" and first["reference"] == "NCCL all_reduce"
+    assert first["iris"] == data["all_reduce"][0]["iris_graph_us"]
+    assert first["speedup"] == pytest.approx(data["all_reduce"][0]["nccl_graph_us"] / first["iris"])
+    a2a = [r for r in rows if r["measure"].startswith("all_to_all")]
+    assert len(a2a) == len(data["moves"]) and all(r["speedup"] for r in a2a)
+    data["moves"][0]["checked_vs_nccl"] = False  # a result that differed from NCCL's is said loudly
+    (tmp_path / "collectives.json").write_text(json.dumps(data))
+    summary = report.report([{"name": "collectives", "status": "ok", "json": str(tmp_path / "collectives.json")}],
+                            tmp_path, {})
+    assert "collectives: 1 row(s) with checked_vs_nccl=false: iris moved WRONG data there" in summary["notes"]
+
+
+@pytest.mark.gpu
+def test_bench_collectives_against_nccl_with_a_gpu_per_rank(tmp_path):
+    """Every GPU here a rank (2 or 4): the collectives run against NCCL, every row has a ratio, and
+    every result was checked against NCCL's."""
+    import torch
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip("needs two GPUs or more, one per rank")
+    p = iris_cli("bench", "--quick", "--only", "collectives", "-n", str(gpus), "--timeout", "600",
+                 "--out", str(tmp_path), timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines()[0].startswith(f"iris bench: 1 benchmark(s) on {gpus} GPU(s), {gpus} ranks (NCCL)")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [b["status"] for b in summary["benchmarks"]] == ["ok"], summary["benchmarks"]
+    rows = summary["table"]
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        mine = [r for r in rows if r["measure"].startswith(name + " ")]
+        assert mine and all(r["reference"] == f"NCCL {name}" and r["speedup"] for r in mine), (name, mine)
+    assert not any("WRONG" in n for n in summary["notes"]), summary["notes"]
+
+
 @pytest.mark.gpu
 def test_bench_quick_on_one_gpu_with_two_ranks(tmp_path):
     """Two ranks on one GPU (CUDA_VISIBLE_DEVICES=0): every benchmark runs, NCCL's references are
@@ -256,7 +323,8 @@ def test_bench_quick_on_one_gpu_with_two_ranks(tmp_path):
                  timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [b["status"] for b in summary["benchmarks"]] == ["ok"] * 3, summary["benchmarks"]
+    assert [b["status"] for b in summary["benchmarks"]] == ["ok"] * 3 + ["skipped"], summary["benchmarks"]
     assert "NCCL skipped: NCCL needs a GPU per rank; 2 ranks share 1 GPU(s)" in p.stdout, p.stdout
+    assert "collectives: skipped: NCCL needs a GPU per rank; 2 ranks share 1 GPU(s)" in p.stdout, p.stdout
     assert any(r["reference"].startswith("copy engine") and r["speedup"] for r in summary["table"]), p.stdout
     assert "no results to compare" not in p.stdout

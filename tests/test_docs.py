@@ -2,8 +2,8 @@
 
 A block whose first line is `# ranks: N` is a script for `python -m iris.run -n N`; any other
 block runs alone in a fresh interpreter. A block with the line `# prints: the text block above`
-must print that ```text block (compared with whitespace collapsed), so shown output cannot drift
-from what iris prints. Blocks are the documentation's promises, so each one
+(or `below`: the first one after it) must print that ```text block (compared with whitespace
+collapsed), so shown output cannot drift from what iris prints. Blocks are the documentation's promises, so each one
 asserts what it shows; a block that only illustrates belongs in a ```text fence instead.
 """
 import ast
@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 RANKS = re.compile(r"\A#\s*ranks:\s*(\d+)\s*$", re.M)
 TEXT = re.compile(r"^```text[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
-PRINTS = "# prints: the text block above"
+PRINTS, PRINTS_BELOW = "# prints: the text block above", "# prints: the text block below"
 
 
 def blocks():
@@ -34,8 +35,11 @@ def blocks():
             line = text[:m.start()].count("\n") + 1
             found = RANKS.match(code)
             shown = [t.group(1) for t in TEXT.finditer(text, 0, m.start())]
-            expect = shown[-1] if PRINTS in code and shown else None
-            assert PRINTS not in code or expect, f"{page.name}:{line} promises a text block above and has none"
+            after = TEXT.search(text, m.end())
+            expect = shown[-1] if PRINTS in code and shown else \
+                after.group(1) if PRINTS_BELOW in code and after else None
+            assert (PRINTS not in code and PRINTS_BELOW not in code) or expect, \
+                f"{page.name}:{line} promises a text block and has none"
             out.append(pytest.param(code, int(found.group(1)) if found else 0, expect, id=f"{page.name}:{line}"))
     return out
 
@@ -90,6 +94,7 @@ SOURCE = None
 PLACEHOLDER = re.compile(r"'[^']*'|<[^>]*>|\b[A-Z]\b|\(\.\.\.\)|\.\.\.|\[[^\]]*\]|0x[0-9a-f.]+|\b\d+(\.\d+)?\b")
 QUOTED_ROW = re.compile(r"^\| `([^`]+)`", re.M)              # a table row that starts with a quoted message
 QUOTED_BULLET = re.compile(r"^\* \*\*`([^`]+)`", re.M)         # a bullet headed by one
+QUOTED_PARA = re.compile(r"^`([^`]+)`:", re.M)                   # a paragraph headed by one (the warnings)
 
 
 def _source() -> str:
@@ -128,7 +133,7 @@ def _printed(piece: str, source: str) -> bool:
 
 def quoted_messages():
     text = (DOCS / "troubleshooting.md").read_text()
-    found = QUOTED_ROW.findall(text) + QUOTED_BULLET.findall(text)
+    found = QUOTED_ROW.findall(text) + QUOTED_BULLET.findall(text) + QUOTED_PARA.findall(text)
     return [m for m in found if " " in m and not m.startswith(("cu", "hip", "mmap", "memfd", "open(", "ipc_"))]
 
 
@@ -186,6 +191,18 @@ def test_quoted_messages_are_what_iris_raises(monkeypatch):
     finally:
         ctx.close()
 
+    def warns(start, fn):
+        doc = next(m for m in quoted_messages() if m.startswith(start))
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            fn().close()
+        said = [str(w.message) for w in got]
+        assert any(_as_pattern(doc).fullmatch(s) for s in said), f"docs/troubleshooting.md quotes\n{doc}\niris warns\n{said}"
+
+    warns("heap_size=N is not a multiple", lambda: iris.iris(heap_size=(2 << 20) + 1, allocator="vmem"))
+    monkeypatch.setenv("IRIS_ALLOCATOR", "vmem")
+    warns("IRIS_ALLOCATOR=vmem overrides", lambda: iris.iris(heap_size=2 << 20, allocator="torch"))
+
 
 # a command line in the docs: the script or command, then its options up to the end of the code span
 COMMAND = re.compile(r"(?=(benchmarks/(\w+)\.py|iris (info|bench|trace)\b|python -m iris\.run)([^`\n]*))")
@@ -220,3 +237,67 @@ def test_flags_in_docs_are_declared():
                     wrong.append(f"{page.name}: {target} {flag}")
     assert seen > 20, seen
     assert not wrong, "flags the code does not declare:\n" + "\n".join(sorted(set(wrong)))
+
+
+# -- links, the reading order, and one home per figure ----------------------------------------------
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def _anchors(page: Path) -> set:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as -."""
+    text = CODE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_links_reach_a_page_and_a_heading():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(CODE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_index_lists_every_page_and_every_page_says_where_next():
+    index = (DOCS / "README.md").read_text()
+    listed = set(LINK.findall(index))
+    missing = [p.name for p in DOCS.glob("*.md") if p.name != "README.md" and p.name not in listed]
+    assert not missing, f"docs/README.md does not list {missing}"
+    for page in DOCS.glob("*.md"):
+        last = page.read_text().rstrip().split("\n\n")[-1]
+        assert "Next:" in last and LINK.search(last.split("Next:", 1)[1]), f"{page.name} ends without a next page"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end < 0 else text[start:end]
+
+
+def test_readme_figures_are_rows_of_performance_md():
+    """The README quotes a few headline rows; each is a row of docs/performance.md, word for word,
+    and every number in its Performance section appears there, so a figure has one home."""
+    section = _section((ROOT / "README.md").read_text(), "## Performance")
+    perf = (DOCS / "performance.md").read_text()
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    assert 1 <= len(rows) <= 6, f"the README quotes {len(rows)} rows: a few headline figures, the rest in performance.md"
+    assert all(row in perf.splitlines() for row in rows), [row for row in rows if row not in perf.splitlines()]
+    figures = set(re.findall(r"\d+(?:[.,]\d+)*", section))
+    assert not {f for f in figures if f not in perf}, sorted(f for f in figures if f not in perf)
+
+
+def test_design_md_lists_the_layers_import_linter_enforces():
+    layers = re.search(r"^layers = \[\n(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M).group(1)
+    enforced = re.findall(r'"([^"]+)"', layers)
+    table = [cell.replace("\\|", "|") for cell in
+             re.findall(r"^\| `((?:[^`]|`(?! \|))+)` \|", _section((DOCS / "design.md").read_text(), "## Layers"), re.M)]
+    assert table == enforced, f"docs/design.md's layers\n{table}\nimport-linter's (pyproject.toml)\n{enforced}"

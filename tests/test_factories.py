@@ -2,6 +2,7 @@
 the heap's Factories does the work; the pure size and layout helpers; allocators found by name and
 warning of their own rounding. One rank on the host driver."""
 import inspect
+import re
 import warnings
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 import iris
 from iris.allocators import ALLOCATORS, allocator_named, check_heap_size
-from iris.heap.factories import Factories, out_as, restride, shape_of
+from iris.heap.factories import Factories, shape_of, strides_for
 
 FACTORIES = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "arange",
              "linspace", "rand", "randn", "uniform", "randint"]
@@ -51,21 +52,27 @@ def test_usual_requests_take_the_short_path():
     assert plain_request((3, 4.0), None) is None  # not ints: the checked path says why
     assert plain_request((3, -1), None) is None
 
-def test_out_as_and_restride():
-    out = torch.arange(6.0)
-    assert out_as(None, torch.Size((2, 3))) is None
-    viewed = out_as(out, torch.Size((2, 3)))
-    assert viewed.shape == (2, 3) and viewed.data_ptr() == out.data_ptr() and viewed[1, 2] == 5
-    with pytest.raises(ValueError, match="out has 6 elements but size \\(4,\\) needs 4"):
-        out_as(out, torch.Size((4,)))
-    t = torch.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5)
-    last = restride(t, torch.channels_last)
-    assert last.stride() == torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
-    assert last.data_ptr() == t.data_ptr()
-    like = torch.empty(5, 4).t()
-    kept = restride(torch.arange(20.0).reshape(4, 5), torch.preserve_format, like)
-    assert kept.stride() == like.stride()
-    assert restride(t) is t and restride(t, torch.preserve_format) is t
+def test_strides_for_every_memory_format_are_torchs():
+    """A new tensor in each memory format gets torch's strides (channels_last_3d of (2, 3, 4, 5, 6) is
+    (360, 1, 90, 18, 3), where Iris gives (360, 1, 72, 18, 3), whose rows overlap); preserve_format
+    keeps a dense input's layout, as torch does, and lays a non-dense one out as torch does."""
+    shapes = [(2, 3, 4, 5), (2, 3, 4, 5, 6), (1, 3, 1, 5), (3, 1, 4, 1, 2), (4, 6), (5,), ()]
+    for shape in shapes:
+        for fmt in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
+            if fmt in (torch.channels_last, torch.channels_last_3d) and len(shape) != (4 if fmt is torch.channels_last
+                                                                                         else 5):
+                continue
+            got = strides_for(torch.Size(shape), fmt)
+            assert (got or torch.empty(shape).stride()) == torch.empty(shape, memory_format=fmt).stride(), (shape, fmt)
+    assert strides_for(torch.Size((2, 3, 4, 5, 6)), torch.channels_last_3d) == (360, 1, 90, 18, 3)
+    likes = [torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last),
+             torch.empty(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d), torch.empty(5, 4).t(),
+             torch.empty(4, 6, 8).permute(2, 0, 1), torch.empty(6, 8)[:, ::2], torch.empty(3, 4)]
+    for like in likes:
+        for fmt in (torch.preserve_format, torch.contiguous_format):
+            want = torch.empty_like(like, memory_format=fmt).stride()
+            assert (strides_for(like.shape, fmt, like) or torch.empty(like.shape).stride()) == want, (like.stride(), fmt)
+    assert strides_for(torch.Size((3, 4))) is None and strides_for(torch.Size((3, 4)), torch.preserve_format) is None
 
 
 def test_heap_factories_fill_every_element():
@@ -131,15 +138,21 @@ def test_factories_take_and_refuse_what_iris_does():
                 ctx.zeros(3, 3, device=device)
         assert torch.equal(ctx.zeros(2, device="cpu:0"), torch.zeros(2))
         out = ctx.full((4,), 7.0)
+        made = ctx.heap.stats["allocations"]
         for call in (lambda: ctx.zeros(3, 3, out=out), lambda: ctx.rand(3, 3, out=out),
                      lambda: ctx.linspace(0.0, 1.0, 5, out=out), lambda: ctx.randint(0, 10, (3, 3), out=out)):
-            with pytest.raises(FactoryArgumentError, match="out has 4 elements but size .* cannot be resized in place"):
+            with pytest.raises(FactoryArgumentError, match="The output tensor has 4 elements, but (9|5) are required "
+                                                           "for size .*: a heap tensor cannot be resized in place"):
                 call()
-        with pytest.raises(RuntimeError, match="dtype torch.int32"):
+        # Iris's regexes (tests/unittests/test_zeros.py), in Iris's order: elements, dtype, heap
+        with pytest.raises(RuntimeError, match="The output tensor has dtype torch.float32, but torch.int32 is required"):
             ctx.zeros(4, dtype=torch.int32, out=out)
-        with pytest.raises(RuntimeError, match="a non-heap tensor"):
+        with pytest.raises(RuntimeError, match="The output tensor has 4 elements, but 9 are required"):
+            ctx.zeros(3, 3, dtype=torch.int32, out=torch.full((4,), 7.0))
+        with pytest.raises(RuntimeError, match="The output tensor is not on the symmetric heap"):
             ctx.zeros(4, out=torch.full((4,), 7.0))
         assert torch.equal(out, torch.full((4,), 7.0)), "a refused out= was written"
+        assert ctx.heap.stats["allocations"] == made, "a refused call allocated"
         for steps in (5, (5,), [5], ((5,),)):
             got = ctx.linspace(-1.0, 3.0, steps)
             assert ctx.is_symmetric(got) and torch.equal(got, torch.linspace(-1.0, 3.0, 5)), (steps, got)
@@ -160,16 +173,59 @@ def test_factories_take_and_refuse_what_iris_does():
             ctx.randint(10, 5, (2, 3))
 
 
-def test_iris_host_logging_paths():
-    """Iris's module paths for the logger: iris.host.logging and iris.host.logging.logging."""
-    from iris.host.logging import DEBUG, logger, set_logger_level
-    from iris.host.logging import logging as host_logging
-    assert logger is iris.logger and host_logging.logger is iris.logger and DEBUG == iris.DEBUG
-    before = iris.logger.level
-    try:
-        set_logger_level(DEBUG)
-        assert iris.logger.level == DEBUG
-        host_logging.set_logger_level(iris.ERROR)
-        assert iris.logger.level == iris.ERROR
-    finally:
-        iris.logger.setLevel(before)
+def test_memory_formats_lay_out_as_torch():
+    """empty(memory_format=) and the *_like factories give torch's strides for every format, over
+    distinct elements (every element of the block once); channels_last asked of a tensor that is not
+    4-d (channels_last_3d, 5-d) warns and lays it out contiguously, as Iris does, where torch raises."""
+    with iris.iris(heap_size=1 << 22) as ctx:
+        def distinct(t):
+            with torch.no_grad():
+                t.copy_(torch.arange(t.numel(), dtype=torch.float32).reshape(t.shape))
+            block = torch.as_strided(t, (t.numel(),), (1,))  # the numel elements from t's first on
+            return sorted(block.tolist()) == list(range(t.numel()))
+
+        for shape, fmt in (((2, 3, 4, 5), torch.channels_last), ((2, 3, 4, 5, 6), torch.channels_last_3d),
+                           ((2, 3, 4, 5), torch.contiguous_format)):
+            want = torch.empty(shape, memory_format=fmt).stride()
+            t = ctx.empty(*shape, memory_format=fmt)
+            assert t.stride() == want and distinct(t), (shape, fmt, t.stride())
+            like = ctx.full(shape, 1.0)
+            for make in (ctx.empty_like, ctx.zeros_like, ctx.ones_like, lambda x, **k: ctx.full_like(x, 3.0, **k)):
+                t = make(like, memory_format=fmt)
+                assert t.stride() == want and t.shape == like.shape and distinct(t), (make, shape, fmt, t.stride())
+        assert ctx.zeros_like(ctx.empty(2, 3, 4, 5, 6, memory_format=torch.channels_last_3d)).stride() == \
+            (360, 1, 90, 18, 3)
+        for like in (torch.empty(5, 4).t(), torch.empty(4, 6, 8).permute(2, 0, 1), torch.empty(6, 8)[:, ::2]):
+            t = ctx.zeros_like(like)
+            assert t.stride() == torch.zeros_like(like).stride() and distinct(t), (like.stride(), t.stride())
+
+        for call, size in ((lambda: ctx.empty(3, 3, memory_format=torch.channels_last), (3, 3)),
+                           (lambda: ctx.empty(2, 3, 4, 5, memory_format=torch.channels_last_3d), (2, 3, 4, 5)),
+                           (lambda: ctx.zeros_like(ctx.ones(6), memory_format=torch.channels_last), (6,))):
+            with pytest.warns(UserWarning, match=f"lays out [45]-d tensors; size {re.escape(str(size))} is "):
+                t = call()
+            assert t.shape == size and t.is_contiguous() and ctx.is_symmetric(t), (size, t.stride())
+
+
+@pytest.mark.parametrize("name", ["empty", "zeros", "ones", "full", "zeros_like", "rand", "randint", "randn",
+                                  "linspace"])
+def test_factories_refuse_a_device_not_the_heaps(name):
+    """Iris's tests/unittests/test_<name>.py pass device="cpu", never the heap's there, and expect a
+    RuntimeError; on the host the heap lives on cpu, so "cpu" is the heap's own device and is taken.
+    A device that is not the heap's is refused before anything is allocated."""
+    calls = {"empty": lambda c, d: c.empty(3, 3, device=d), "zeros": lambda c, d: c.zeros(3, 3, device=d),
+             "ones": lambda c, d: c.ones(3, 3, device=d), "full": lambda c, d: c.full((3, 3), 2.5, device=d),
+             "zeros_like": lambda c, d: c.zeros_like(c.ones(3, 3), device=d),
+             "rand": lambda c, d: c.rand(3, 3, device=d), "randint": lambda c, d: c.randint(0, 10, (3, 3), device=d),
+             "randn": lambda c, d: c.randn(3, 3, device=d), "linspace": lambda c, d: c.linspace(0.0, 1.0, 5, device=d)}
+    from iris.errors import FactoryArgumentError
+    with iris.iris(heap_size=1 << 22) as ctx:
+        heap = ctx.get_device()
+        others = ["meta", "cpu" if heap.type == "cuda" else "cuda", f"{heap.type}:{(heap.index or 0) + 1}"]
+        assert ctx.is_symmetric(calls[name](ctx, heap.type)) and ctx.is_symmetric(calls[name](ctx, str(heap)))
+        for device in others:
+            like = ctx.ones(3, 3)
+            made = ctx.heap.stats["allocations"]
+            with pytest.raises(FactoryArgumentError, match=f"the heap lives on {heap}; got device='{device}'") as e:
+                calls[name](ctx, device) if name != "zeros_like" else ctx.zeros_like(like, device=device)
+            assert isinstance(e.value, RuntimeError) and ctx.heap.stats["allocations"] == made, (name, device)

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -223,3 +224,49 @@ def test_a_rank_waiting_for_a_silent_rank_0_says_so_and_keeps_the_timeout(tmp_pa
            "(IRIS_TIMEOUT)" in proc.stderr, proc.stderr
     took = [float(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith("gave up")]
     assert len(took) == 1 and 8.0 <= took[0] < 9.0, proc.stdout
+
+
+def test_the_job_ends_soon_after_a_rank_gives_up_on_a_stuck_one(tmp_path):
+    """IRIS_TIMEOUT=3 and rank 1 stuck: once rank 0 gives up, iris.run stops rank 1 at once rather than
+    give it the launcher's grace for ranks that may still fail on their own. The job ended 5.6 s after
+    rank 0 gave up (the 5 s grace and the ranks' exits); now about 0.5 s, so 4.5 s leaves room for a
+    loaded machine and still fails on the grace alone."""
+    proc = _job(tmp_path, STUCK.replace("print(", "print('at', time.time(), "),
+                env={"IRIS_TIMEOUT": "3"})
+    ended = time.time()
+    assert "stopped rank 1 after rank 0 failed" in proc.stderr, proc.stderr
+    gave_up = float(next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("at ")))
+    assert ended - gave_up < 4.5, f"the job ended {ended - gave_up:.1f} s after rank 0 gave up"
+
+
+SPAWN_STUCK = """import time, iris
+def body():
+    ctx = iris.iris(heap_size=1 << 20)
+    if ctx.get_rank() == 1:
+        time.sleep(60)
+    try:
+        ctx.barrier()
+    except iris.BootstrapError:
+        print("gave up at", time.time(), flush=True)
+        raise
+if __name__ == "__main__":
+    try:
+        iris.spawn(body, 2)
+    except RuntimeError as e:
+        print("raised at", time.time(), flush=True)
+        assert "ranks [1] did not arrive at barrier" in str(e) and "rank 1 failed: stuck" in str(e), e
+"""
+
+
+def test_spawn_stops_a_rank_that_another_gave_up_on(tmp_path):
+    """The same under iris.spawn: the call raises as soon as rank 0 gives up, naming rank 1 as stuck,
+    instead of waiting for rank 1's sleep to end."""
+    script = tmp_path / "job.py"
+    script.write_text(SPAWN_STUCK)
+    env = dict(os.environ, IRIS_TIMEOUT="3")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(HERE), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    at = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines()}
+    assert at["raised at"] - at["gave up at"] < 10.0, f"iris.spawn raised {at['raised at'] - at['gave up at']:.1f} s " \
+                                                      "after rank 0 gave up (rank 1 sleeps 60 s)"

@@ -59,6 +59,7 @@ def rank_main(directory):
         untraced = ctx.tracing.recorded()
         _launch(ctx, bufs, True)
         rows = ctx.tracing.rows().tolist()
+        counted = int(ctx.tracing.trace_counter.item())  # Iris's name for the device count
         data = {"out": out.cpu().tolist(), "dst": dst.cpu().tolist(), "flags": flags.cpu().tolist()}
         ptrs = {"src": src.data_ptr(), "dst": dst.data_ptr(), "out": out.data_ptr(), "flags": flags.data_ptr()}
         exported = ctx.tracing.export(os.path.join(directory, "trace.json"), merge=True)
@@ -69,8 +70,8 @@ def rank_main(directory):
         small = ctx.tracing.export(os.path.join(directory, "small.json"))
         on_gpu = ctx.get_device().type == "cuda"
         return dict(rank=r, world=w, sms=ctx.get_cu_count() if on_gpu else 1, before_enable=before_enable,
-                    untraced=untraced, rows=rows, data=data, ptrs=ptrs, exported=exported, after_reset=after_reset,
-                    small=small)
+                    untraced=untraced, rows=rows, counted=counted, data=data, ptrs=ptrs, exported=exported,
+                    after_reset=after_reset, small=small)
     finally:
         ctx.close()
 
@@ -109,7 +110,7 @@ def test_records_every_operation(traced):
         peer = (r + 1) % w
         assert res["before_enable"] == (False, True) and res["untraced"] == 0
         rows = [dict(zip(FIELDS, row)) for row in res["rows"]]
-        assert len(rows) == 8, rows
+        assert len(rows) == 8 and res["counted"] == 8, (rows, res["counted"])
         seen = {}
         for row in rows:
             name, pid = EVENT_NAMES[row["event"]], row["program_id"]

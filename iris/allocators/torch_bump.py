@@ -22,13 +22,13 @@ class TorchAllocator:
 
     def __init__(self, driver, heap_size: int, device: torch.device, group=None, reserved: int = 0):
         self.reserved = reserved
-        total = driver.mem_info()[1]
+        free, total = driver.mem_info()
         if heap_size > total:  # checked before anything is taken
-            raise HeapOutOfMemory(heap_size, total, heap_size,
-                                  f"the heap needs {heap_size} bytes (heap_size and iris's own reserve, iris/heap/reserve.py), more than "
-                                  f"the {total} bytes of memory here, and allocator='torch' takes its whole block at "
-                                  "start. Use allocator='vmem' (it backs only the chunks in use, so heap_size may "
-                                  "exceed memory) or a smaller heap_size.")
+            raise HeapOutOfMemory(heap_size - reserved, free, heap_size,
+                                  f"With iris's own {reserved} bytes it needs {heap_size}, more than the {total} bytes "
+                                  "of memory here, and allocator='torch' takes its whole block at start. Use "
+                                  "allocator='vmem' (it backs only the chunks in use, so heap_size may exceed memory) "
+                                  "or a smaller heap_size.", creating=True)
         self.driver, self._mapped = driver, None
         if torch.device(device).type == "cpu":
             self.block = None

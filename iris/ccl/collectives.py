@@ -21,10 +21,11 @@ import torch
 
 from ..allocators.offsets import round_up
 from ..errors import CollectiveError, ConfigError, GluonUnavailable
-from . import builders, p2p, puts, rooted, subsets
+from . import builders, p2p, puts, rooted, subsets, waits
 from .checks import Groups, layout, pair
 from .config import Config, ReduceOp, checked
 from .modes import MODES
+from .order import StreamOrder
 
 try:  # Gluon kernels need triton.experimental.gluon; without it use_gluon=True says why
     from . import gluon as _gluon
@@ -51,9 +52,11 @@ class CCL:
     heap (collectively) and must not be inside CUDA graph capture. Tensors need not be heap tensors:
     inputs are staged through the workspace, except over a subset group (group=), where nothing is
     allocated on the heap and inp or out must be heap tensors where the variant reads or writes the
-    members' copy of them (docs/collectives.md). Calls are ordered on the current stream like
-    any kernel; async_op is accepted for Iris compatibility and changes nothing (nothing waits on the
-    host). config: an iris.ccl.Config (Iris's fields and iris's own; docs/collectives.md), read at
+    members' copy of them (docs/collectives.md). Calls run on the current stream like any kernel, and
+    all of a context's calls keep one device order, the host's: a call from another stream than the
+    previous call's first waits for what that stream queued (iris/ccl/order.py), so calls from several
+    streams never overlap. async_op is accepted for Iris compatibility and changes nothing (nothing
+    waits on the host). config: an iris.ccl.Config (Iris's fields and iris's own; docs/collectives.md), read at
     every call, so a field changed between calls takes effect (and is validated) at the next."""
 
     def __init__(self, ctx):
@@ -72,6 +75,8 @@ class CCL:
         else:
             self.sms = 4
         self._default = Config(comm_sms=self.sms)
+        self.order = StreamOrder(ctx.device)  # every call in one device order (iris/ccl/order.py)
+        self.gave_up = None  # the WaitTimeout raised once, if a device wait gave up
 
     # -- public calls ------------------------------------------------------
     def all_reduce_preamble(self, out, inp, config=None, workspace=None, op=ReduceOp.SUM):
@@ -102,6 +107,7 @@ class CCL:
         shape, so all_reduce_preamble's result need not be passed; one passed back whose spinlock
         locks or ring flags are fewer than this config's tiles need raises ValueError ("Lock array too
         small", "Flags array too small"), as Iris's does. Collective: all ranks, same order, same sizes."""
+        self.order.enter()
         cfg = self._config(config)
         ck = cfg.key()
         if op is None:  # Iris's default
@@ -151,6 +157,7 @@ class CCL:
         (world - 1 hops around rank -> rank + 1, each passing one chunk on); with use_gluon=True,
         iris.ccl.gluon's kernel. workspace= is accepted for Iris compatibility (plans are found by
         shape). Collective: all ranks (of the group), same order, same sizes."""
+        self.order.enter()
         cfg = self._config(config)
         ranks, w = self.groups.of(group, "all_gather")
         if cfg.use_gluon and self._gluon_or_puts("all_gather"):
@@ -171,6 +178,7 @@ class CCL:
         compatibility (plans are found by shape); an iris.ccl.reduce_scatter.ReduceScatterWorkspace
         whose flags are fewer than ring_chunked's tiles raises ValueError. Collective: all ranks (of the group), same order,
         same sizes."""
+        self.order.enter()
         cfg = self._config(config)
         op = ReduceOp.SUM if op is None else op
         if cfg.use_gluon:
@@ -199,6 +207,7 @@ class CCL:
         Config.all_to_all_variant "default": each rank stages its inp, then reads its columns from
         every peer; with use_gluon=True, iris.ccl.gluon's kernel. Collective: all ranks (of the
         group), same order, same sizes."""
+        self.order.enter()
         cfg = self._config(config)
         ranks, w = self.groups.of(group, "all_to_all")
         if cfg.use_gluon and self._gluon_or_puts("all_to_all"):
@@ -214,6 +223,7 @@ class CCL:
         rank, also with a group (as torch.distributed.broadcast). Iris's form, broadcast(tensor, src=0,
         ...), is in place, and its src is a position in the group. Collective: all ranks (of the group),
         same order, same sizes."""
+        self.order.enter()
         cfg = self._config(config)
         if cfg.use_gluon:
             raise ConfigError("broadcast has no Gluon kernel here (Config.use_gluon=True); set use_gluon=False")
@@ -228,11 +238,22 @@ class CCL:
                                   "global rank, as in torch.distributed.broadcast")
         self._run("bc", out, inp, ranks, cfg, tuple(inp.shape), src=src)
 
+    def check_waits(self) -> None:
+        """Raise WaitTimeout (once) if a device wait of these collectives gave up; the device must be synced
+        first (ctx.barrier(), free() and close() call it)."""
+        if self.gave_up is None:
+            try:
+                waits.raise_gave_up(self)
+            except Exception as e:
+                self.gave_up = e
+                raise
+
     def free(self) -> None:
         """Gives every workspace back to the heap (the next call of each shape builds it again).
         Collective: all ranks, at the same point of their calls."""
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
+        self.check_waits()
         for plan in {id(p): p for p in self.plans.values()}.values():
             for t in plan.workspace:
                 if self.ctx.is_symmetric(t):
@@ -259,6 +280,7 @@ class CCL:
         in place); out: any tensor of inp's shape. Config.reduce_variant ("one_shot", "two_shot") is
         accepted as Iris names it; both run this one kernel. workspace= is accepted for Iris
         (plans are found by shape). Collective: all ranks (of the group), same order, same sizes."""
+        self.order.enter()
         rooted.reduce(self, out, inp, _root(dst, root), op, group, config)
 
     def scatter(self, out, inp, src=0, group=None, async_op=False, config=None):
@@ -266,6 +288,7 @@ class CCL:
         rank at position src. inp: a heap tensor of that shape on every member (the members read src's
         in place; only src's contents matter); out: any tensor, or inp's own chunk i. Collective: all
         ranks (of the group), same order, same sizes."""
+        self.order.enter()
         rooted.scatter(self, out, inp, src, group, config)
 
     def gather(self, out, inp, dst=0, group=None, async_op=False, config=None):
@@ -273,6 +296,7 @@ class CCL:
         rows [i*M, (i+1)*M); other ranks' out is not written. inp: a heap tensor, the same allocation
         on every member (dst reads it in place), apart from out; out: any tensor of that shape on every
         member. Collective: all ranks (of the group), same order, same sizes."""
+        self.order.enter()
         rooted.gather(self, out, inp, dst, group, config)
 
     def init_p2p(self, max_numel=2 ** 20, dtype=None, config=None):
@@ -286,25 +310,30 @@ class CCL:
         on both ranks) stored into dst's copy; with a mailbox from init_p2p, any tensor. Pairs by call
         order; tag is accepted for Iris and not used. Collective over the pair: this rank and dst, same
         order, same sizes."""
+        self.order.enter()
         p2p.send(self.ctx, tensor, dst, p2p_state, group, tag, config)
 
     def recv(self, tensor, src, group=None, tag=0, config=None, p2p_state=None):
         """Receives into tensor what the rank at group position src sends with its matching send:
         tensor a heap tensor (the same allocation on both ranks), or with p2p_state any tensor.
         Collective over the pair: this rank and src, same order, same sizes."""
+        self.order.enter()
         p2p.recv(self.ctx, tensor, src, p2p_state, group, tag, config)
 
     def isend(self, tensor, dst, group=None, tag=0, config=None, p2p_state=None):
         """send, returning a work whose wait() blocks the host until it is done. Collective over the pair."""
+        self.order.enter()
         return p2p.isend(self.ctx, tensor, dst, p2p_state, group, tag, config)
 
     def irecv(self, tensor, src, group=None, tag=0, config=None, p2p_state=None):
         """recv, returning a work whose wait() blocks the host until it is done. Collective over the pair."""
+        self.order.enter()
         return p2p.irecv(self.ctx, tensor, src, p2p_state, group, tag, config)
 
     def batch_isend_irecv(self, p2p_op_list, p2p_state=None):
         """Every iris.ccl.p2p.P2POp's send, then every recv, each in list order (Iris's order); one work
         each. Collective over each transfer's pair, as send and recv."""
+        self.order.enter()
         return p2p.batch_isend_irecv(self.ctx, p2p_op_list, p2p_state)
 
     def sendrecv(self, send_tensor, recv_tensor, dst, src, group=None, tag=0, config=None):
@@ -312,12 +341,14 @@ class CCL:
         rank involved) of the rank at group position dst, and receives src's into this rank's
         recv_tensor. Every rank named as a dst or src makes its own sendrecv (a ring or any
         permutation). Collective over those ranks: same order, same sizes."""
+        self.order.enter()
         p2p.sendrecv(self.ctx, send_tensor, recv_tensor, dst, src, group, tag, config)
 
     def barrier(self, group=None):
         """Every rank of group (None: all) waits on the device until all reached it, in stream order:
         no host round trip, capturable in a CUDA graph. Collective: all ranks (of the group), same
         order."""
+        self.order.enter()
         p2p.barrier(self.ctx, group)
 
     # -- check, plan, launch ---------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import Enum
 
+from .. import settings
 from ..errors import ConfigError
 
 ALL_REDUCE = ("auto", "atomic", "ring", "two_shot", "one_shot", "spinlock", "one_shot_push", "two_shot_push")
@@ -52,8 +53,10 @@ class Config:
     0: by dtype, benchmarks/collectives.py chose 16 KiB worth, 32 KiB for two_shot_push);
     one_shot_max_bytes (the largest all_reduce that "auto" does in one shot; 0: 4 MiB on 2 ranks,
     256 KiB on more, from benchmarks/results/collectives_variants-gpu-2ranks.json); spin_limit (the
-    most polls of a flag before a program gives up; 0 waits for ever; a program that gives up leaves
-    wrong data and marks its flags with -1, the workspace is then unusable: ctx.ccl.free()).
+    most polls of a flag before a program gives up; None: IRIS_SPIN_LIMIT, a few minutes; 0 waits for
+    ever; a program that gives up leaves wrong data and marks its flag, and the host raises WaitTimeout
+    at the next ctx.barrier(), ctx.ccl.free() or close, naming the collective, the rank, the peer, the
+    flag and the epoch; the workspace is then unusable).
     """
     block_size_m: int = 32
     block_size_n: int = 64
@@ -76,7 +79,7 @@ class Config:
     waves_per_eu: int = 0
     block_size: int = 0
     one_shot_max_bytes: int = 0
-    spin_limit: int = 0
+    spin_limit: int | None = None
 
     def __post_init__(self):
         if self.comm_sms is None:
@@ -89,6 +92,8 @@ class Config:
             self.all_reduce_ring_slice_n = self.block_size_n
         if self.threads_per_warp is None:
             self.threads_per_warp = 32
+        if self.spin_limit is None:
+            self.spin_limit = settings.SPIN_LIMIT.get()
         self.validate()
         # checked at construction only, as Iris does: iris's ring cuts each tile into world slices itself
         # (Iris's launch resets the slice to block_size_n // world), so a later block_size_n may not divide

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import settings
 from ..errors import CollectiveError
 from . import puts
 from .builders import pair_state
@@ -152,14 +153,16 @@ def barrier(ctx, group=None) -> None:
     plan = ccl.plans.get(key)
     if plan is None and ccl.puts:
         flags = ccl.ctx.reserve.put_counters.view(torch.float32)  # a barrier moves no data: the fp32 kernel serves
-        plan = ccl.plans[key] = puts.plan(ccl, "barrier", flags, flags, ranks, Knobs(sms=1))
+        plan = ccl.plans[key] = puts.plan(ccl, "barrier", flags, flags, ranks,
+                                                   Knobs(sms=1, spin=settings.SPIN_LIMIT.get()))
     if plan is None:
         not_capturing(ccl.ctx.device, "the first barrier of a group builds small device tensors", "call it once")
         counters, seen = pair_state(ccl)
         g = len(ranks)
         plan = ccl.plans[key] = Plan(barrier_kernel, 1, {"num_warps": 1}, members=ccl.groups.members(ranks),
                                      counters=counters, seen=seen, me=ranks.index(ccl.ctx.rank), rank=ccl.ctx.rank,
-                                     world=ccl.ctx.world, GROUP=g, PEERS=pow2(g), SPIN=0)
+                                     world=ccl.ctx.world, GROUP=g, PEERS=pow2(g),
+                                     SPIN=settings.SPIN_LIMIT.get())
     plan()
 
 

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import settings
 from ..allocators.offsets import round_up
 from ..errors import CollectiveError
 from .config import checked
@@ -65,7 +66,7 @@ class Knobs(NamedTuple):
 def knobs(config) -> Knobs:
     """config's Knobs (None: all automatic), config checked as it stands now."""
     if checked(config) is None:
-        return Knobs()
+        return Knobs(spin=settings.SPIN_LIMIT.get())
     return Knobs(config.block_size, config.num_warps or 0, config.comm_sms or 0, config.spin_limit)
 
 

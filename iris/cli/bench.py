@@ -1,4 +1,8 @@
-"""`iris bench`: run the source tree's benchmarks on the GPUs here, then compare iris with its references.
+"""`iris bench`: run the source tree's benchmarks here, then compare iris with its references.
+
+On GPUs the references are the copy engine, NCCL (where every rank has its own GPU) and torch's
+symmetric memory. Without a GPU the benchmarks run on the host driver, kernels in Triton's
+interpreter, against a CPU copy and gloo: only the ratios that mean something there are printed.
 
 Each benchmark runs as its own job (`python -m iris.run -n N benchmarks/NAME.py --out DIR/NAME.json`)
 so that one that fails or hangs costs only its own row. The numbers are read back from the JSON
@@ -17,9 +21,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 MiB = 1 << 20
+
+
+def gpu_per_rank(gpus: int, nprocs: int) -> Optional[str]:
+    """Why NCCL cannot be the reference here, or None: it needs GPUs, and refuses two ranks on one."""
+    if not gpus:
+        return "needs a GPU per rank (NCCL is its reference); this machine has none"
+    if nprocs > gpus:
+        return f"NCCL needs a GPU per rank; {nprocs} ranks share {gpus} GPU(s) (pass -n {gpus} or fewer)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,7 @@ class Benchmark:
     name: str
     what: str
     args: Dict[tuple, List[str]] = field(default_factory=dict)  # (on_gpu, quick) -> extra arguments
+    needs: Callable[[int, int], Optional[str]] = lambda gpus, nprocs: None  # (gpus, ranks) -> why it cannot run
 
 
 BENCHMARKS = (
@@ -44,6 +58,8 @@ BENCHMARKS = (
     Benchmark("import_weights", "making weights symmetric: zero copy vs a copy vs torch symmetric memory", {
         (True, True): ["--gib", "1", "--tensor-mib", "64"], (True, False): [],
         (False, True): ["--gib", "0.0625", "--tensor-mib", "16"], (False, False): []}),
+    Benchmark("collectives", "all_reduce, all_gather, reduce_scatter, all_to_all vs NCCL, eager and graph", {
+        (True, True): ["--max-bytes", str(MiB), "--samples", "3"], (True, False): []}, needs=gpu_per_rank),
 )
 
 
@@ -169,12 +185,13 @@ def run_one(b: Benchmark, script: Path, nprocs: int, gpu: bool, quick: bool, out
 
 def main(argv=None) -> int:
     from . import report
-    parser = argparse.ArgumentParser(prog="iris bench", description=__doc__.splitlines()[0])
+    about = " ".join(__doc__.split("\n\n")[:2]).replace("\n", " ")  # what it runs, and where
+    parser = argparse.ArgumentParser(prog="iris bench", description=about)
     parser.add_argument("--quick", action="store_true", help="small sizes and counts: done in about a minute")
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these ({', '.join(b.name for b in BENCHMARKS)})")
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON, logs, table and plot "
                                                                "(default ./iris-bench-DATE-TIME)")
-    parser.add_argument("-n", "--nprocs", type=int, default=None, help="ranks (default: GPUs here, at least 2)")
+    parser.add_argument("-n", "--nprocs", type=int, default=None, help="ranks (default: one per GPU, at least 2)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per benchmark (default 120 quick, 1800)")
     parser.add_argument("--benchmarks-dir", type=Path, default=None, help="where the scripts are (default: "
                                                                           "benchmarks/ of the source tree)")
@@ -200,17 +217,25 @@ def main(argv=None) -> int:
     out = opts.out or Path(f"iris-bench-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     out = out.resolve()  # the jobs run in the source tree's root
     out.mkdir(parents=True, exist_ok=True)
-    where = f"{gpus} GPU(s)" if gpus else "the host (Triton interpreter)"
-    print(f"iris bench: {len(chosen)} benchmark(s) on {where}, {nprocs} ranks{' (quick)' if opts.quick else ''}; "
-          f"output in {out}/", flush=True)
+    if gpus:
+        refs = "NCCL" if not gpu_per_rank(gpus, nprocs) else "no NCCL: ranks share GPUs"
+        where = f"on {gpus} GPU(s), {nprocs} ranks ({refs})"
+    else:
+        where = (f"on the host driver (no GPU), {nprocs} ranks: kernels run in Triton's interpreter, compared "
+                 "against a CPU copy and gloo; interpreted times get no ratio")
+    print(f"iris bench: {len(chosen)} benchmark(s) {where}{' (quick)' if opts.quick else ''}; output in {out}/",
+          flush=True)
 
     records, progress = [], Progress(len(chosen))
     try:
         for b in chosen:
             script = folder / f"{b.name}.py"
             progress.begin(b.name)
+            why = b.needs(gpus, nprocs)
             if not script.exists():
                 records.append({"name": b.name, "status": "skipped", "note": f"{script} does not exist (yet)"})
+            elif why:
+                records.append({"name": b.name, "status": "skipped", "note": why})
             else:
                 records.append(run_one(b, script, nprocs, gpus > 0, opts.quick, out, timeout, progress))
             progress.end(records[-1]["status"])

@@ -23,10 +23,13 @@ def _size(n) -> str:
 
 
 def row(benchmark: str, measure: str, unit: str, iris: Optional[float], reference: str,
-        ref_value: Optional[float], higher_is_better: bool) -> dict:
-    """One line of the table; 'speedup' > 1 means iris does better than the reference."""
+        ref_value: Optional[float], higher_is_better: bool, compare: bool = True) -> dict:
+    """One line of the table; 'speedup' > 1 means iris does better than the reference. compare=False:
+    the two figures are shown but their ratio means nothing (a kernel in Triton's interpreter against
+    a CPU copy). A figure at or below zero (extra memory that a noisy host measured as freed) gets no
+    ratio either."""
     speedup = None
-    if iris and ref_value:
+    if compare and iris and ref_value and iris > 0 and ref_value > 0:
         speedup = iris / ref_value if higher_is_better else ref_value / iris
     return {"benchmark": benchmark, "measure": measure, "unit": unit, "iris": iris, "reference": reference,
             "reference_value": ref_value, "speedup": speedup}
@@ -44,22 +47,25 @@ def _host(data: dict) -> bool:
 
 # -- one reader per benchmark ------------------------------------------------------------------
 def rma_bandwidth(data: dict) -> List[dict]:
-    out, coll = [], "gloo" if _host(data) else "NCCL"
+    # on the host every iris figure is a kernel in Triton's interpreter: shown, never compared
+    host = _host(data)
+    out, coll, gpu = [], "gloo" if host else "NCCL", not host
+    copy = "CPU copy (torch copy_)" if host else "copy engine (torch copy_)"
     p2p = data.get("point_to_point") or []
     if p2p:
         top = p2p[-1]
         at = _size(top["bytes"])
         for kind in ("put", "get"):
             out.append(row("rma_bandwidth", f"{kind} bandwidth, {at}", "GB/s", top.get(f"{kind}_GBps"),
-                           "copy engine (torch copy_)", top.get("copy_engine_GBps"), True))
+                           copy, top.get("copy_engine_GBps"), True, gpu))
             out.append(row("rma_bandwidth", f"{kind} bandwidth, {at}", "GB/s", top.get(f"{kind}_GBps"),
-                           _skipped(data, "NCCL", f"{coll} send/recv"), top.get("nccl_sendrecv_GBps"), True))
+                           _skipped(data, "NCCL", f"{coll} send/recv"), top.get("nccl_sendrecv_GBps"), True, gpu))
     pairs = data.get("all_pairs") or []
     if pairs:
         top = pairs[-1]
         out.append(row("rma_bandwidth", f"all-pairs put, {_size(top['bytes_per_pair'])} per pair", "GB/s",
                        top.get("iris_GBps"), _skipped(data, "NCCL", f"{coll} all_to_all"),
-                       top.get("nccl_all_to_all_GBps"), True))
+                       top.get("nccl_all_to_all_GBps"), True, gpu))
     lat = data.get("latency") or {}
     if "signal_one_way_us" in lat:
         out.append(row("rma_bandwidth", "signal, one way", "us", lat["signal_one_way_us"], "-", None, False))
@@ -67,7 +73,7 @@ def rma_bandwidth(data: dict) -> List[dict]:
         if lat.get(f"device_barrier_{mode}_us"):
             out.append(row("rma_bandwidth", f"barrier ({mode})", "us", lat[f"device_barrier_{mode}_us"],
                            _skipped(data, "NCCL", f"{coll} all_reduce of one int"),
-                           lat.get(f"nccl_all_reduce_int_{mode}_us"), False))
+                           lat.get(f"nccl_all_reduce_int_{mode}_us"), False, gpu))
     return out
 
 
@@ -102,14 +108,36 @@ def import_weights(data: dict) -> List[dict]:
                        "torch symm_mem + copy" if symm else none, symm and symm["ms"], False))
         ref = symm or copy
         if ref:
-            r = row("import_weights", f"extra device memory, {what}", "MiB", zero["extra_bytes"] / (1 << 20),
+            memory = "memory" if _host(data) else "device memory"
+            r = row("import_weights", f"extra {memory}, {what}", "MiB", zero["extra_bytes"] / (1 << 20),
                     "torch symm_mem + copy" if symm else "iris copy into heap", ref["extra_bytes"] / (1 << 20), False)
             out.append(r)
     return out
 
 
+def collectives(data: dict) -> List[dict]:
+    """Each collective at each size against NCCL in the same run: the CUDA graph's time per call
+    where there is one, else the eager one (the JSON has both)."""
+    coll = "gloo" if _host(data) else "NCCL"
+    out = []
+
+    def one(name, size, r, mine, theirs):
+        mode = "graph" if r.get(f"{mine}_graph_us") else "eager"
+        out.append(row("collectives", f"{name} {_size(size)}, {mode}", "us/call", r.get(f"{mine}_{mode}_us"),
+                       f"{coll} {name}", r.get(f"{theirs}_{mode}_us"), False, not _host(data)))
+
+    for r in data.get("all_reduce") or []:
+        one("all_reduce", r["bytes"], r, "iris", "nccl")
+    for name in ("all_gather", "reduce_scatter", "all_to_all"):
+        for r in data.get("moves") or []:
+            if f"iris_{name}_eager_us" in r or f"iris_{name}_graph_us" in r:
+                one(name, r["bytes"], r, f"iris_{name}", f"nccl_{name}")
+    return out
+
+
 READERS: Dict[str, Callable[[dict], List[dict]]] = {
-    "rma_bandwidth": rma_bandwidth, "alloc_cost": alloc_cost, "import_weights": import_weights}
+    "rma_bandwidth": rma_bandwidth, "alloc_cost": alloc_cost, "import_weights": import_weights,
+    "collectives": collectives}
 
 
 def table_rows(name: str, data: dict) -> List[dict]:
@@ -176,7 +204,7 @@ def report(records: List[dict], out: Path, run: dict) -> dict:
             plot = plot_bandwidth(data, out / "bandwidth.png")
             if plot is None:
                 notes.append(f"no bandwidth plot: matplotlib is not installed ({pip_install('trace')})")
-        for key in ("checked", "put_checked", "get_checked", "iris_checked"):
+        for key in ("checked", "put_checked", "get_checked", "iris_checked", "checked_vs_nccl"):
             wrong = [r for r in _all_rows(data) if r.get(key) is False]
             if wrong:
                 notes.append(f"{rec['name']}: {len(wrong)} row(s) with {key}=false: iris moved WRONG data there")
@@ -200,9 +228,9 @@ def _num(v) -> str:
 
 
 def _times(r: dict) -> str:
-    if r["speedup"]:
-        return f"{r['speedup']:.2f}"
-    return "inf" if r["iris"] == 0 and r["reference_value"] else "-"  # e.g. zero copy: no extra bytes at all
+    """The ratio, or "-" where there is none to give: a reference missing, figures that cannot be
+    compared, or iris at zero (zero copy: no extra bytes at all, shown as 0 beside the reference)."""
+    return f"{r['speedup']:.2f}" if r["speedup"] else "-"
 
 
 def render(summary: dict) -> str:
@@ -215,7 +243,8 @@ def render(summary: dict) -> str:
         widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{w}}}" if i < 3 or i == 4 else f"{{:>{w}}}" for i, w in enumerate(widths))
         lines += [fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*b) for b in body]
-        lines.append("iris x: how many times better iris does than the reference (>1: iris is faster or leaner)")
+        lines.append("iris x: how many times better iris does than the reference (>1: iris is faster or leaner); "
+                     "-: no ratio (no reference here, iris at zero, or a kernel in Triton's interpreter)")
     else:
         lines.append("no results to compare")
     for n in summary["notes"]:

@@ -140,6 +140,13 @@ def _records(socket_dir: str, world: int) -> dict:
     return out
 
 
+def given_up_on(records: dict) -> set:
+    """Ranks that another rank gave up waiting for (IRIS_TIMEOUT) or saw leave, and that raised
+    nothing themselves: named missing by a BootstrapError, with no error of their own. Such a rank is
+    stuck or gone, so waiting for it to end on its own only delays the job's exit."""
+    return {m for rec in records.values() for m in rec.get("missing", ())} - set(records)
+
+
 def _crash_stack(path: str) -> str:
     """The frames outside libraries from a rank's fault handler dump, innermost last."""
     try:
@@ -249,8 +256,13 @@ def launch(argv: Sequence[str], nprocs: int, grace: float = 5.0, tail_lines: int
             while any(p.poll() is None for p in procs):
                 failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
                 if failed is not None:
+                    # the others may fail on their own (their errors are worth showing): wait for
+                    # them, but not for one that another rank already gave up on
                     deadline = time.monotonic() + grace
-                    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    while time.monotonic() < deadline:
+                        running = {r for r, p in enumerate(procs) if p.poll() is None}
+                        if not running - given_up_on(_records(socket_dir, nprocs)):
+                            break
                         time.sleep(0.05)
                     for r, p in enumerate(procs):
                         if p.poll() is None:
@@ -332,10 +344,10 @@ def _child(payload, env, streams, rank, world, socket_dir, secret, results, port
         fn, args = pickle.loads(payload)
         value = fn(*args)
         pickle.dumps(value)  # fails here, with a traceback, rather than silently in the queue's thread
-        results.put((rank, True, value))
+        results.put((rank, True, value, ()))
     except BaseException as e:  # report every failure to the parent, then exit non-zero
         message = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        results.put((rank, False, message))
+        results.put((rank, False, message, tuple(getattr(e, "missing", ()) or ())))
         raise SystemExit(1)
 
 
@@ -363,16 +375,22 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), timeout: float = 600.0) -
     procs = [ctx.Process(target=_child, args=(payload, dict(os.environ), streams, r, nprocs, socket_dir, secret,
                                               results, port), daemon=True)
              for r in range(nprocs)]
-    out, errors = {}, []
+    out, errors, given_up = {}, [], set()
     try:
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
         while len(out) + len(errors) < nprocs:
             try:
-                rank, ok, value = results.get(timeout=0.2)
+                rank, ok, value, missing = results.get(timeout=0.2)
                 (out.__setitem__(rank, value) if ok else errors.append((rank, value)))
+                given_up.update(missing)
                 running = [r for r in range(nprocs) if r not in out and all(r != e[0] for e in errors)]
+                if running and set(running) <= given_up:  # stuck or gone (see given_up_on): stop them now
+                    errors += [(r, "stuck: stopped after another rank gave up waiting for it") for r in running]
+                    for r in running:
+                        procs[r].kill()
+                    continue
                 if not ok and running:  # the others may wait on this rank (a flag on the device): say why now
                     print(f"iris.spawn: rank {rank} failed ({value.splitlines()[0]}); waiting up to "
                           f"{max(0.0, deadline - time.monotonic()):.0f} s for {_ranks_text(running)}",

@@ -14,16 +14,23 @@ from typing import Optional
 
 import torch
 
-from ..errors import FactoryArgumentError
+from ..errors import FactoryArgumentError, user_stacklevel
 from ..validate import plain_request, request
 
 _STRIDED, _CONTIGUOUS = torch.strided, torch.contiguous_format  # the factories' defaults, looked up once
 
 
+def unwrapped(size):
+    """A factory's *size with one-element tuple/list wrappers taken off: (2, 3), ((2, 3),), ([2, 3],)
+    and (((2, 3),),) name the same sizes (as Iris takes them)."""
+    while len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = size[0]
+    return size
+
+
 def shape_of(size) -> torch.Size:
     """torch's size convention: ints, or one tuple/list/Size (nested ones unwrapped, as Iris does)."""
-    while len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-        size = tuple(size[0])
+    size = tuple(unwrapped(size))
     for s in size:
         if isinstance(s, bool) or not isinstance(s, int):
             raise TypeError(f"sizes must be ints, got {type(s).__name__} {s!r} in {tuple(size)}")
@@ -32,6 +39,12 @@ def shape_of(size) -> torch.Size:
         if s >= 1 << 63:
             raise ValueError(f"dimension {s} in size {tuple(size)} does not fit in 64 bits; check the sizes")
     return torch.Size(size)
+
+
+def device_matches(device, heap_device: torch.device) -> bool:
+    """Whether device names the heap's device: its type, and its index where one is given."""
+    d = torch.device(device)
+    return d.type == heap_device.type and (d.index is None or d.index == (heap_device.index or 0))
 
 
 def check_layout(layout) -> None:
@@ -44,20 +57,6 @@ def check_pin_memory(pin_memory) -> None:
         warnings.warn("pin_memory=True has no effect: heap tensors live in the heap's device memory", stacklevel=5)
 
 
-def out_as(out, shape: torch.Size):
-    """out viewed with shape where it holds as many elements (as Iris allows). Another number of
-    elements raises, where torch would resize out: a heap tensor cannot grow in place (the next block
-    of every rank's heap sits right after it), and a new block in its place would be a collective
-    allocation that out's holders do not see."""
-    if out is None or tuple(out.shape) == tuple(shape):
-        return out
-    if out.numel() != shape.numel():
-        raise FactoryArgumentError(
-            f"out has {out.numel()} elements but size {tuple(shape)} needs {shape.numel()}: a heap tensor cannot "
-            f"be resized in place; pass an out of {shape.numel()} elements, or leave out= out for a new heap tensor")
-    return out.view(shape)
-
-
 def steps_of(steps) -> int:
     """linspace's steps: an int, or one wrapped in tuples or lists ((5,), [5], ((5,),)), as Iris takes it."""
     while isinstance(steps, (tuple, list, torch.Size)) and len(steps) == 1:
@@ -67,16 +66,26 @@ def steps_of(steps) -> int:
     return steps
 
 
-def restride(t: torch.Tensor, memory_format=None, like: torch.Tensor | None = None) -> torch.Tensor:
-    """t (contiguous, fresh) laid out in memory_format; torch.preserve_format keeps like's strides.
-    The block holds exactly numel elements, and every format is a permutation of them."""
+_RANKS = {torch.channels_last: 4, torch.channels_last_3d: 5}  # the formats that fit tensors of one rank only
+
+
+def strides_for(shape: torch.Size, memory_format=None, like: torch.Tensor | None = None):
+    """The strides torch's factories give a new tensor of shape in memory_format (torch.preserve_format:
+    like's layout), or None for the contiguous layout. Every format is a permutation of
+    numel elements, so a block of numel elements holds it. channels_last (channels_last_3d) asked of a
+    tensor that is not 4-d (5-d) falls back to contiguous with a warning, as Iris lays it out, where
+    torch raises."""
     if memory_format in (None, torch.contiguous_format) or (memory_format == torch.preserve_format and like is None):
-        return t
+        return None
+    rank = _RANKS.get(memory_format)
+    if rank is not None and len(shape) != rank:
+        warnings.warn(f"memory_format={memory_format} lays out {rank}-d tensors; size {tuple(shape)} is "
+                      f"{len(shape)}-d, so the tensor is contiguous (as Iris makes it; torch raises)",
+                      stacklevel=user_stacklevel())
+        return None
     meta = (torch.empty_like(like, device="meta", memory_format=memory_format) if like is not None
-            else torch.empty(t.shape, device="meta", memory_format=memory_format))
-    if meta.stride() == t.stride():
-        return t
-    return torch.as_strided(t, t.shape, meta.stride(), t.storage_offset())
+            else torch.empty(shape, device="meta", memory_format=memory_format))
+    return meta.stride()
 
 
 class Factories:
@@ -85,32 +94,46 @@ class Factories:
     def __init__(self, heap):
         self.heap, self.device = heap, heap.device
 
-    def made(self, size, dtype, device, out, requires_grad, fill=None) -> torch.Tensor:
-        """A new heap tensor (or out, checked), filled outside autograd. requires_grad is checked here
-        and set by the caller, last, so that a restrided result is still a leaf."""
+    def made(self, size, dtype, device, out, requires_grad, fill=None, strides=None) -> torch.Tensor:
+        """A new heap tensor (or out, checked and viewed with the size asked for, as Iris allows), with
+        strides where given, filled outside autograd. requires_grad is checked here and set by the
+        caller, last, so that a restrided result is still a leaf."""
         if device is not None:
             self.check_device(device)
         shape, dtype = request(size, dtype, requires_grad, shape_of)
         if out is not None:
-            on_heap = self.heap.contains(out)
-            if not on_heap or out.shape != shape or out.dtype != dtype:
-                raise FactoryArgumentError(f"out must be a heap tensor of shape {tuple(shape)} and dtype {dtype}; got "
-                                 f"{'a heap' if on_heap else 'a non-heap'} tensor of shape "
-                                 f"{tuple(out.shape)} and dtype {out.dtype}")
-            t = out
+            t = self.checked_out(out, shape, dtype)
         else:
             t = self.heap.new_tensor(shape, dtype)
+            if strides is not None and strides != t.stride():
+                t = torch.as_strided(t, shape, strides)
         if fill is not None:
             with torch.no_grad():
                 fill(t)
         return t
 
+    def checked_out(self, out, shape: torch.Size, dtype) -> torch.Tensor:
+        """out viewed with shape, checked in Iris's order and words (elements, dtype, heap). Another
+        number of elements raises, where torch would resize out: a heap tensor cannot grow in place
+        (the next block of every rank's heap sits right after it), and a new block in its place would
+        be a collective allocation that out's holders do not see."""
+        n = shape.numel()
+        if out.numel() != n:
+            raise FactoryArgumentError(
+                f"The output tensor has {out.numel()} elements, but {n} are required for size {tuple(shape)}: a "
+                f"heap tensor cannot be resized in place; pass an out= of {n} elements, or leave out= out for a "
+                "new heap tensor")
+        if out.dtype != dtype:
+            raise FactoryArgumentError(f"The output tensor has dtype {out.dtype}, but {dtype} is required; pass "
+                                       f"dtype={out.dtype}, or an out= of {dtype}")
+        if not self.heap.contains(out):
+            raise FactoryArgumentError("The output tensor is not on the symmetric heap: allocate it with this "
+                                       "context's factories (ctx.empty, ctx.zeros, ...), or leave out= out")
+        return out if out.shape == shape else out.view(shape)
+
     def check_device(self, device) -> None:
         """device must name the heap's: its type, and its index where one is given (as Iris checks)."""
-        if device is None:
-            return
-        d = torch.device(device)
-        if d.type != self.device.type or (d.index is not None and d.index != (self.device.index or 0)):
+        if device is not None and not device_matches(device, self.device):
             raise FactoryArgumentError(f"the heap lives on {self.device}; got device={device!r} (leave it out)")
 
     def copied(self, ref: torch.Tensor, out=None, requires_grad=False) -> torch.Tensor:
@@ -133,10 +156,8 @@ class Factories:
         check_layout(layout)
         check_pin_memory(pin_memory)
         shape = shape_of(size if isinstance(size, tuple) else (size,))
-        out = out_as(out, shape)
-        t = self.made((shape,), dtype, device, out, requires_grad, fill)
-        if out is None:
-            t = restride(t, memory_format, like)
+        strides = None if out is not None else strides_for(shape, memory_format, like)
+        t = self.made((shape,), dtype, device, out, requires_grad, fill, strides)
         return t.requires_grad_(requires_grad) if requires_grad else t
 
     def empty(self, *size, out=None, dtype=None, layout=_STRIDED, device=None, requires_grad=False,
@@ -184,7 +205,7 @@ class Factories:
 
     def _ranged(self, ref: torch.Tensor, out, layout, requires_grad) -> torch.Tensor:
         check_layout(layout)
-        return self.copied(ref, out_as(out, ref.shape), requires_grad)
+        return self.copied(ref, out, requires_grad)
 
     def arange(self, start: Number, end: Optional[Number] = None, step: Number = 1, *, out=None, dtype=None,
                layout=torch.strided, device=None, requires_grad=False) -> torch.Tensor:

@@ -216,6 +216,7 @@ class OpsNamespace:
         ws = (self._given(name, kind, output, A, B, config, workspace) if workspace is not None
               else self._preamble(kind, output, A, B, config))
         ctx, op = self._ctx, ws["op"]
+        ctx.ccl.order.enter()  # one device order with every collective of the context (iris/ccl/order.py)
         if op == "streamed":
             _st.run(ctx, output, A, B, ws)
         elif op in ("ar_tile_api", "rs_tile_api"):

@@ -3,7 +3,8 @@ program's collectives on ctx.ccl's kernels over the symmetric heap. See docs/tor
 
 What matters:
 - `import iris` registers the name; this module imports torch.distributed only when torch itself is
-  (already) imported, and the backend's own code (group.py) only when a group is made.
+  (already) imported, and the backend's own code (group.py and the modules under it) only when a
+  group is made; its name and Options live in options.py, below both.
 - The default group builds one iris context from the store torch hands it (or adopts the one in
   Options(ctx=...)); sub-groups (new_group) reuse it: heap allocation is collective over the whole
   context, so nothing is allocated after the first group is made.
@@ -15,33 +16,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from dataclasses import dataclass
-from typing import Any, Optional
 
-NAME = "iris"
-
-
-@dataclass
-class Options:
-    """pg_options of `dist.init_process_group("iris", pg_options=Options(...))`.
-
-    heap_size: bytes of the heap the backend builds (None: IRIS_HEAP_SIZE, else 1 GiB).
-    ctx: an iris context to adopt instead of building one (its ranks are torch's global ranks).
-    allocator: the heap's allocator (None: IRIS_ALLOCATOR, else iris's default).
-    staging_bytes: the heap staging area for tensors not on the heap (None: a quarter of the heap).
-    mailbox_bytes: per sending rank, the send/recv mailbox on every rank (larger messages go in pieces).
-    """
-    heap_size: Optional[int] = None
-    ctx: Any = None
-    allocator: Optional[str] = None
-    staging_bytes: Optional[int] = None
-    mailbox_bytes: int = 1 << 20
-
-
-def heap_size_setting() -> int:
-    """IRIS_HEAP_SIZE in bytes (iris.settings.HEAP_SIZE: a number with an optional unit, default 1 GiB)."""
-    from .. import settings
-    return settings.HEAP_SIZE.get()
+from .options import NAME, Options, heap_size_setting
 
 
 def _create(dist_options, options):

@@ -32,12 +32,13 @@ class Tracing:
         self.enabled = False
         self.max_events = 0
         self.records = None
-        self.counter = None
+        self.trace_counter = None  # int32 events claimed since enable()/reset(), on the device (Iris's name)
 
     def slots(self) -> torch.Tensor:
         """The context tensor's trace slots: max_events, counter address, records address (zeros
         until enable(): kernels then record nothing)."""
-        values = [self.max_events, self.counter.data_ptr(), self.records.data_ptr()] if self.enabled else [0, 0, 0]
+        values = ([self.max_events, self.trace_counter.data_ptr(), self.records.data_ptr()] if self.enabled
+                  else [0, 0, 0])
         return torch.tensor(values, dtype=torch.int64, device=self._ctx.device)
 
     def enable(self, max_events: int = 1_000_000) -> None:
@@ -47,7 +48,7 @@ class Tracing:
             raise ValueError(f"tracing.enable(max_events={max_events!r}): max_events must be an int in "
                              f"[1, {_MAX_EVENTS}]; e.g. tracing.enable(max_events=1_000_000)")
         records = torch.zeros((max_events, len(FIELDS)), dtype=torch.int64, device=self._ctx.device)
-        self.counter = torch.zeros(1, dtype=torch.int32, device=self._ctx.device)
+        self.trace_counter = torch.zeros(1, dtype=torch.int32, device=self._ctx.device)
         self.records, self.max_events, self.enabled = records, max_events, True
         self._ctx.get_device_context()[-3:] = self.slots()
         self._ctx.info(f"device tracing enabled: room for {max_events} events "
@@ -58,14 +59,14 @@ class Tracing:
         if not self.enabled:
             self._ctx.warning("tracing.reset(): tracing is not enabled; call ctx.tracing.enable() first")
             return
-        self.counter.zero_()
+        self.trace_counter.zero_()
 
     def recorded(self) -> int:
         """Events the kernels tried to record since enable()/reset() (more than max_events: some dropped)."""
         if not self.enabled:
             return 0
         self._synchronize()
-        return int(self.counter.item())
+        return int(self.trace_counter.item())
 
     def rows(self) -> torch.Tensor:
         """The recorded events as a (n, len(FIELDS)) int64 CPU tensor, in the order they were claimed."""

@@ -28,21 +28,27 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
 @triton.jit
 def _await(slots, live, target, mark, SPIN: tl.constexpr, EXACT: tl.constexpr = False):
     """Polls the live slots (int64 pointers, acquire, sys) until each reaches target (a scalar or one per
-    slot; EXACT: until each holds it, for 0/1 hand-over flags). SPIN: 0 waits for ever; else the most
-    polls before giving up, which writes -1 into *mark so the host can tell (Config.spin_limit)."""
+    slot; EXACT: until each holds it, for 0/1 hand-over flags). SPIN: the most polls (0: wait for ever;
+    IRIS_SPIN_LIMIT or Config.spin_limit); giving up writes -(1 + slot + 65536 * target) into *mark
+    for the first slot still short (decoded by iris/ccl/waits.py), so the host can name who was late."""
     pending = 1
     polls = 0
+    idx = tl.arange(0, slots.shape[0])
+    want = tl.zeros(slots.shape, tl.int64) + target
     while pending > 0:  # a scalar loop-carried value (Triton 3.6 mis-compiles a block one here)
         seen = tl.atomic_add(slots, 0, mask=live, sem="acquire", scope="sys")
         if EXACT:
-            pending = tl.sum((live & (seen != target)).to(tl.int32), axis=0)
+            short = live & (seen != want)
         else:
-            pending = tl.sum((live & (seen < target)).to(tl.int32), axis=0)
+            short = live & (seen < want)
+        pending = tl.sum(short.to(tl.int32), axis=0)
         if SPIN != 0:
             polls += 1
             if polls >= SPIN:
                 if pending > 0:
-                    tl.store(mark, -1)
+                    late = tl.min(tl.where(short, idx, slots.shape[0]), axis=0)
+                    epoch = tl.max(tl.where(short, want, 0), axis=0)
+                    tl.store(mark, -1 - late - 65536 * epoch)
                 pending = 0
 
 
