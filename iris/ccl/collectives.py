@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from ..allocators.offsets import round_up
-from ..errors import CollectiveError, ConfigError, GluonUnavailable
+from ..errors import CollectiveError, ConfigError, GluonUnavailable, WaitTimeout
 from . import builders, p2p, puts, rooted, subsets, waits
 from .checks import Groups, layout, pair
 from .config import Config, ReduceOp, checked
@@ -244,7 +244,7 @@ class CCL:
         if self.gave_up is None:
             try:
                 waits.raise_gave_up(self)
-            except Exception as e:
+            except WaitTimeout as e:
                 self.gave_up = e
                 raise
 

@@ -35,9 +35,13 @@ def _marks(ccl):
 
 
 def raise_gave_up(ccl) -> None:
-    """Raise WaitTimeout for the first device wait of ccl's plans that gave up, if any did."""
+    """Raise WaitTimeout for the first device wait of ccl's plans that gave up, if any did. One look at
+    every mark column together (one device-to-host read), then the marked one is found."""
     rank = ccl.ctx.rank
-    for key, plan, column, slot in _marks(ccl):
+    marks = list(_marks(ccl))
+    if not marks or not bool((torch.cat([m[2] for m in marks]) < 0).any()):
+        return
+    for key, plan, column, slot in marks:
         bad = (column < 0).nonzero()
         if bad.numel() == 0:
             continue

@@ -15,7 +15,6 @@ class AllToAll(Calls):
     """all_to_all_single (with or without split sizes) and all_to_all over lists."""
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        self._order()
         if self._queued:
             self._enter()
         call, w, nb = "all_to_all_single", self._w, input.nbytes

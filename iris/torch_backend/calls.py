@@ -1,12 +1,11 @@
 """Calls: what every call of an "iris" group does around its work, and the state the ops read.
 
 Before a call queues anything on the caller's stream it passes Calls._enter, the one place for what
-must go first: the context's one device order across streams (iris/ccl/order.py: a call from another
-stream than the previous one first waits for that stream, so FSDP2's all-gathers and reduce-scatters
-on two streams never overlap, nor share the staging area) and the sends point to point holds back
-(p2p.py). After, Calls._done hands back its Work
+must go first: the sends point to point holds back (p2p.py). The context's one device order across
+streams (iris/ccl/order.py) is kept below: every ctx.ccl call passes it, and so does the staging area
+before it hands out its views (staging.py). After, Calls._done hands back its Work
 where the caller keeps one (Calls._work), else None. The fast paths of the ops inline both gates to
-save a call each: `self._order()` and `if self._queued: self._enter()` first, `return self._work(...) if opts.asyncOp else
+save a call each: `if self._queued: self._enter()` first, `return self._work(...) if opts.asyncOp else
 None` last; what goes before or after every call goes in these three methods and those gates.
 """
 from __future__ import annotations
@@ -35,7 +34,6 @@ class Calls(dist.ProcessGroup):
         self._members = members
         self._device = ctx.get_device()
         self._ccl = ctx.ccl  # the context's one CCL object (ctx.ccl is a property)
-        self._order = ctx.ccl.order.enter  # before a call queues anything (iris/ccl/order.py)
         self._lo = ctx.heap.bases[ctx.rank]
         self._hi = self._lo + ctx.heap.size
         self._cuda = self._device.type == "cuda"
@@ -46,7 +44,6 @@ class Calls(dist.ProcessGroup):
     def _enter(self):
         """Before a call queues anything on the caller's stream: the sends held back go first, so that a
         ring of isends then irecvs cannot wait on itself. A send's Work.wait() passes here too."""
-        self._order()
         if self._queued:
             queued, self._queued = self._queued, []
             self._transfer(queued)

@@ -32,7 +32,6 @@ class Gathers(Calls):
         return self._done(opts, output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
-        self._order()
         if self._queued:
             self._enter()
         w, nb, dtype = self._w, input.nbytes, input.dtype

@@ -30,7 +30,6 @@ class Reductions(Gathers):
     """The all_reduce and reduce_scatter calls, and the reduction by gather that rooted reduce shares."""
 
     def allreduce(self, tensors, opts=None):
-        self._order()
         if self._queued:
             self._enter()
         red = opts.reduceOp
@@ -77,7 +76,6 @@ class Reductions(Gathers):
             t.div_(self._w)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        self._order()
         if self._queued:
             self._enter()
         call, w, red = "reduce_scatter_tensor", self._w, opts.reduceOp

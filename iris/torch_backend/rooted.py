@@ -15,7 +15,6 @@ class Rooted(Reductions):
     """broadcast, reduce, gather and scatter (reduce shares Reductions' reduction by gather)."""
 
     def broadcast(self, tensors, opts=None):
-        self._order()
         if self._queued:
             self._enter()
         root = opts.rootRank
@@ -45,7 +44,6 @@ class Rooted(Reductions):
         return self._done(opts, tensors)
 
     def reduce(self, tensors, opts=None):
-        self._order()
         if self._queued:
             self._enter()
         call, red, root = "reduce", opts.reduceOp, opts.rootRank

@@ -4,8 +4,9 @@ collective over the whole context, and a sub-group's call runs on its members on
 
 The rule they rely on, with ctx.ccl's epochs and workspaces: one call of a context in flight at a time
 (a call's staging views are reused by the next call). Calls queued on one stream keep it, in order;
-calls from two streams (FSDP2's) keep it only if ordered before they queue anything, which is
-calls.py's Calls._enter, the one place every call passes first.
+calls from two streams (FSDP2's) keep it because stage() passes the context's stream order
+(iris/ccl/order.py) before it hands out a view: a call from another stream than the previous one
+first waits for what that stream queued, the previous call's use of the area included.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Shared:
         self.staging = ctx.empty(staging, dtype=torch.uint8)
         self.mailbox = ctx.ccl.init_p2p(max_numel=words, dtype=torch.int32)
         self.words = words
+        self.order = ctx.ccl.order.enter  # before a view is handed out (the module's rule)
 
     def stage(self, call, *sizes):
         """Consecutive byte views of the staging area, each of the given size (size-class multiples)."""
@@ -40,6 +42,7 @@ class Shared:
             raise refuse(call, f"needs {sum(sizes)} bytes of staging but the area holds {area.numel()}; raise "
                                "Options(staging_bytes=...) (and the heap: Options(heap_size=...) or IRIS_HEAP_SIZE), "
                                "or pass heap tensors (ctx.empty, ctx.as_symmetric), which need none")
+        self.order()
         out, at = [], 0
         for n in sizes:
             out.append(area[at:at + n])
