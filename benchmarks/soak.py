@@ -58,11 +58,20 @@ def reduced(xs, op):
 
 
 def wrong(got, ref, scale, world):
-    """How many elements of got are off the float64 reference (exact for integers)."""
+    """Which elements of got are off the float64 reference (exact for integers)."""
     if not got.dtype.is_floating_point:
-        return int((got.double() != ref).sum())
+        return got.double() != ref
     tol = torch.finfo(got.dtype).eps * ref.abs() + world * 2.0 ** -22 * scale
-    return int(((got.double() - ref).abs() > tol).sum())
+    return (got.double() - ref).abs() > tol
+
+
+def described(got, bad):
+    """What the wrong elements hold: how many are still the poison (never written) or zero, and where
+    the first and last sit (a wrong program's block shows as one run)."""
+    idx = bad.reshape(-1).nonzero().view(-1)
+    vals = got.reshape(-1)[idx]
+    return (f"{int((vals == -7).sum())} poison, {int((vals == 0).sum())} zero, at [{int(idx[0])}, {int(idx[-1])}] "
+            f"of {bad.numel()}, first {vals[:4].tolist()}")
 
 
 class Soak:
@@ -71,15 +80,20 @@ class Soak:
         self.r, self.w, self.dev = ctx.rank, ctx.world, ctx.get_device()
         self.stats = collections.defaultdict(lambda: [0, 0, 0])  # case -> [calls, elements, wrong]
         self.sizes = [s for s in SIZES if s <= args.max_elems] or [1]
-        self.call = 0
+        self.call = self.plans = 0
 
-    def note(self, case, calls, elems, bad):
+    def note(self, case, got, bad):
+        """Count one call of case; bad: the mask of got's wrong elements."""
         s = self.stats[case]
-        s[0] += calls
-        s[1] += elems
-        s[2] += bad
-        if bad:
-            print(f"rank {self.r}: MISMATCH {case}: {bad} elements", flush=True)
+        n = int(bad.sum())
+        s[0] += 1
+        s[1] += got.numel()
+        s[2] += n
+        plans = len(self.ctx.ccl.plans)
+        new, self.plans = plans != self.plans, plans
+        if n:
+            print(f"rank {self.r}: MISMATCH {case} (call {self.call}{', a new plan' * new}): {n} elements; "
+                  f"{described(got, bad)}", flush=True)
 
     def seed(self):
         self.call += 1
@@ -113,7 +127,7 @@ class Soak:
             else:
                 self.ctx.ccl.all_reduce(out, x, op=red, config=cfg)
             ref, scale = reduced(xs, op)
-            self.note(case, 1, n, wrong(out, ref, scale, self.w))
+            self.note(case, out, wrong(out, ref, scale, self.w))
         if graph:
             del g
 
@@ -125,7 +139,7 @@ class Soak:
                 xs = inputs((n,), dtype, self.seed(), w, dev)
                 out = torch.full((w * n,), -7, dtype=dtype, device=dev)
                 ccl.all_gather(out, xs[r], config=cfg)
-                self.note(f"all_gather {v} {str(dtype)[6:]}", 1, w * n, int((out != torch.cat(xs)).sum()))
+                self.note(f"all_gather {v} {str(dtype)[6:]}", out, out != torch.cat(xs))
         for v in RS:
             cfg = Config(reduce_scatter_variant=v)
             for _ in range(self.reps(n)):
@@ -133,20 +147,20 @@ class Soak:
                 out = torch.full((n,), -7, dtype=dtype, device=dev)
                 ccl.reduce_scatter(out, xs[r], config=cfg)
                 ref, scale = reduced([x[r * n:(r + 1) * n] for x in xs], "sum")
-                self.note(f"reduce_scatter {v} {str(dtype)[6:]}", 1, n, wrong(out, ref, scale, w))
+                self.note(f"reduce_scatter {v} {str(dtype)[6:]}", out, wrong(out, ref, scale, w))
         rows = max(1, n // 8)
         for _ in range(self.reps(n)):
             xs = inputs((rows, 8 * w), dtype, self.seed(), w, dev)
             out = torch.full((rows, 8 * w), -7, dtype=dtype, device=dev)
             ccl.all_to_all(out, xs[r])
             want = torch.cat([xs[q][:, r * 8:(r + 1) * 8] for q in range(w)], 1)
-            self.note(f"all_to_all {str(dtype)[6:]}", 1, out.numel(), int((out != want).sum()))
+            self.note(f"all_to_all {str(dtype)[6:]}", out, out != want)
         for _ in range(self.reps(n)):
             src = self.call % w
             xs = inputs((n,), dtype, self.seed(), w, dev)
             out = torch.full((n,), -7, dtype=dtype, device=dev)
             ccl.broadcast(out, xs[r], src=src)
-            self.note(f"broadcast {str(dtype)[6:]}", 1, n, int((out != xs[src]).sum()))
+            self.note(f"broadcast {str(dtype)[6:]}", out, out != xs[src])
 
     def reps(self, n):
         return max(2, min(self.args.reps, (8 << 20) // max(n, 1)))
@@ -176,8 +190,7 @@ class Soak:
                         ref = ref[r * rows:(r + 1) * rows]
                     out = out.clone()
                 tol = 1e-2 * (a_all.abs().double() @ b.abs().double()).max()  # tf32 products
-                bad = int(((out.double() - ref).abs() > tol).sum())
-                self.note(f"ops {name}", 1, out.numel(), bad)
+                self.note(f"ops {name}", out, (out.double() - ref).abs() > tol)
 
     # -- the torch backend -----------------------------------------------------------------------
     def backend(self, n, dtype):
@@ -199,21 +212,21 @@ class Soak:
                 w2 = dist.reduce_scatter_tensor(rs, mine_x, async_op=True)
             w1.wait()
             w2.wait()
-            self.note(f"backend all_gather (2 streams) {str(dtype)[6:]}", 1, w * n, int((ag != torch.cat(ys)).sum()))
+            self.note(f"backend all_gather (2 streams) {str(dtype)[6:]}", ag, ag != torch.cat(ys))
             ref, scale = reduced([x[r * n:(r + 1) * n] for x in xs], "sum")
-            self.note(f"backend reduce_scatter (2 streams) {str(dtype)[6:]}", 1, n, wrong(rs, ref, scale, w))
+            self.note(f"backend reduce_scatter (2 streams) {str(dtype)[6:]}", rs, wrong(rs, ref, scale, w))
             t = ys[r].clone()
             dist.all_reduce(t)
             ref, scale = reduced(ys, "sum")
-            self.note(f"backend all_reduce {str(dtype)[6:]}", 1, n, wrong(t, ref, scale, w))
+            self.note(f"backend all_reduce {str(dtype)[6:]}", t, wrong(t, ref, scale, w))
             a2a_in = inputs((w * 4,), dtype, self.seed(), w, dev)
             a2a = torch.full((w * 4,), -7, dtype=dtype, device=dev)
             dist.all_to_all_single(a2a, a2a_in[r])
             want = torch.cat([a2a_in[q][r * 4:(r + 1) * 4] for q in range(w)])
-            self.note(f"backend all_to_all {str(dtype)[6:]}", 1, a2a.numel(), int((a2a != want).sum()))
+            self.note(f"backend all_to_all {str(dtype)[6:]}", a2a, a2a != want)
             b = ys[r].clone()
             dist.broadcast(b, src=self.call % w)
-            self.note(f"backend broadcast {str(dtype)[6:]}", 1, n, int((b != ys[self.call % w]).sum()))
+            self.note(f"backend broadcast {str(dtype)[6:]}", b, b != ys[self.call % w])
 
     def round(self, k):
         """One round: a size and dtype per round, every case at it (the same choice on every rank)."""

@@ -69,6 +69,7 @@ def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
     before the barrier on any rank are visible after it on all.
     """
     epoch = tl.load(flags + world) + 1
+    tl.debug_barrier()  # every warp has read the count before one thread overwrites it
     tl.store(flags + world, epoch)
     peers = tl.arange(0, BLOCK)
     live = peers < world

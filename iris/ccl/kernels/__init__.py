@@ -8,7 +8,8 @@ for jobs with indirect peers); common holds the pieces they share.
 
 Synchronisation never leaves the device. Each program p of a launch owns a row of flags on every
 rank and an epoch counter in this rank's memory; it increments its counter (so CUDA graph replays
-advance it too), writes the new epoch into row p, slot `rank`, of every peer's flags with release at
+advance it too; every warp reads it before one thread stores it back, or a late warp would run the
+next call's epoch), writes the new epoch into row p, slot `rank`, of every peer's flags with release at
 sys scope, and spins with acquire until its own row holds that epoch from every peer. Flags only
 grow (the rings' 0/1 hand-overs return to 0 by themselves), so nothing is ever reset. Program p of
 one rank waits only for program p of the others (every rank splits the work the same way), never for

@@ -114,8 +114,10 @@ def _members(members, seen_row, j, live, mine, rank, GROUP: tl.constexpr):
 @triton.jit
 def _epoch(counters, pid):
     """This program's next epoch: counters[pid] + 1, stored back. Kept on the device so that CUDA graph
-    replays advance it too."""
+    replays advance it too. Every warp reads the count before one thread stores it: a warp that read
+    it after the store would run the next call's epoch, its parity of the stage and its flags."""
     e = tl.load(counters + pid) + 1
+    tl.debug_barrier()  # every warp has read the count before one thread overwrites it
     tl.store(counters + pid, e)
     return e
 
