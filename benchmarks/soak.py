@@ -167,9 +167,16 @@ class Soak:
 
     # -- fused ops -------------------------------------------------------------------------------
     def fused(self):
+        """ctx.ops by default dispatch, then matmul_all_reduce and matmul_reduce_scatter through the device
+        tile API's collectives (FusedConfig(variant="tiles"), each all_reduce_variant)."""
+        from iris.ops import FusedConfig
         w, r, dev = self.w, self.r, self.dev
         m, k, nn = 256, 128 * w, 192
-        for name in ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul"):
+        tiles = [("matmul_all_reduce", v) for v in ("one_shot", "two_shot", "spinlock", "atomic", "ring")]
+        cases = [(name, None) for name in ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul")]
+        for name, variant in cases + tiles + [("matmul_reduce_scatter", "two_shot")]:
+            cfg = None if variant is None else FusedConfig(block_size_m=64, block_size_n=64, block_size_k=64,
+                                                            variant="tiles", all_reduce_variant=variant)
             for _ in range(max(2, self.args.reps // 4)):
                 a_all = inputs((m, k), torch.float32, self.seed(), 1, dev)[0]
                 b = inputs((k, nn), torch.float32, self.seed(), 1, dev)[0]
@@ -177,20 +184,21 @@ class Soak:
                 if name == "all_gather_matmul":
                     a_loc = a_all[r * (m // w):(r + 1) * (m // w)].contiguous()
                     out = torch.full((m, nn), -7.0, device=dev)
-                    self.ctx.ops.all_gather_matmul(out, a_loc, b)
+                    self.ctx.ops.all_gather_matmul(out, a_loc, b, config=cfg)
                     ref = a_all.double() @ b.double()
                 else:
                     a_loc = a_all[:, r * ks:(r + 1) * ks].contiguous()
                     b_loc = b[r * ks:(r + 1) * ks].contiguous()
                     rows = m // w if name == "matmul_reduce_scatter" else m
-                    out = self.ctx.zeros((rows, nn), dtype=torch.float32)
-                    getattr(self.ctx.ops, name)(out, a_loc, b_loc)
+                    out = self.ctx.full((rows, nn), -7.0, dtype=torch.float32)
+                    getattr(self.ctx.ops, name)(out, a_loc, b_loc, config=cfg)
                     ref = a_all.double() @ b.double()
                     if name == "matmul_reduce_scatter":
                         ref = ref[r * rows:(r + 1) * rows]
                     out = out.clone()
                 tol = 1e-2 * (a_all.abs().double() @ b.abs().double()).max()  # tf32 products
-                self.note(f"ops {name}", out, (out.double() - ref).abs() > tol)
+                self.note(f"ops {name}" + f" tiles {variant}" * (variant is not None), out,
+                          (out.double() - ref).abs() > tol)
 
     # -- the torch backend -----------------------------------------------------------------------
     def backend(self, n, dtype):
