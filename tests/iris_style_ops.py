@@ -86,6 +86,28 @@ def test_matmul_all_reduce_lock_too_small(shmem):
     shmem.barrier()
 
 
+def test_matmul_reduce_scatter_lock_too_small(shmem):
+    """As Iris's test: the preamble again with smaller tiles, passed the workspace a preamble of larger
+    ones made, raises on every rank (and so does the op); C keeps what it held."""
+    M, N, K = 128, 128, 32
+    iris_A = shmem.randn((M, K), dtype=torch.float16)
+    iris_B = shmem.randn((K, N), dtype=torch.float16)
+    iris_C = shmem.full((M, N), 5.0, dtype=torch.float16)
+    shmem.barrier()
+    config_large = FusedConfig(block_size_m=64, block_size_n=64, block_size_k=32)
+    workspace = ops.matmul_reduce_scatter_preamble(shmem, iris_C, iris_A, iris_B, config=config_large)
+    config_small = FusedConfig(block_size_m=32, block_size_n=32, block_size_k=32)
+    for call in (ops.matmul_reduce_scatter_preamble, ops.matmul_reduce_scatter):
+        try:
+            call(shmem, iris_C, iris_A, iris_B, config=config_small, workspace=workspace)
+        except ValueError as e:
+            assert "Lock array too small: have 4 but need 16" in str(e), str(e)
+        else:
+            raise AssertionError(f"{call.__name__}: a workspace of 4 tiles passed for 16 did not raise")
+    assert torch.equal(iris_C.cpu(), torch.full((M, N), 5.0, dtype=torch.float16)), "C was written"
+    shmem.barrier()
+
+
 def test_matmul_reduce_scatter(shmem, dtype, atol, rtol, M, N, K):
     rank, world_size = shmem.get_rank(), shmem.get_num_ranks()
     A = torch.randn(M, K, dtype=dtype, device=shmem.device)
@@ -172,6 +194,7 @@ def _worker(rank, world_size, port):
         test_matmul_reduce_scatter(shmem, dtype, atol, rtol, 96, 96, 32)
     test_matmul_all_reduce_unknown_variant(shmem)
     test_matmul_all_reduce_lock_too_small(shmem)
+    test_matmul_reduce_scatter_lock_too_small(shmem)
     test_all_gather_matmul(shmem, torch.float16, 1e-2, 1e-2, 64, 32, 64)
     test_matmul_all_gather(shmem, torch.bfloat16, 0.5, 0.01, 64, 64, 32)
     shmem.barrier()

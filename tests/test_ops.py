@@ -103,8 +103,18 @@ def _bad_shapes(ctx):
     A2, B2, C2 = torch.randn(40, 16, device=dev).half(), torch.randn(16, 40, device=dev).half(), torch.empty(
         40, 40, device=dev).half()
     tiles = dict(block_size_k=16, all_reduce_variant="one_shot")
-    big_ws = ctx.ops.matmul_all_reduce_preamble(C2, A2, B2, config=FusedConfig(block_size_m=32, block_size_n=32,
-                                                                                 **tiles))
+    big, small = FusedConfig(block_size_m=32, block_size_n=32, **tiles), FusedConfig(block_size_m=16, block_size_n=16,
+                                                                                     **tiles)
+    big_ws = ctx.ops.matmul_all_reduce_preamble(C2, A2, B2, config=big)
+    # matmul_reduce_scatter's workspaces of 32-tiles: Iris's layout (40 x 40: 4 tiles, 9 of 16), this rank's rows
+    # (40/w x 40), and the tile API's
+    rs_ws = ctx.ops.matmul_reduce_scatter_preamble(C2, A2, B2, config=big)
+    m = 40 // w
+    rows = torch.empty(m, 40, device=dev).half()
+    rs_rows = ctx.ops.matmul_reduce_scatter_preamble(rows, A2, B2, config=big)
+    api, api_small = (dataclasses.replace(c, variant="tiles") for c in (big, small))
+    rs_api = ctx.ops.matmul_reduce_scatter_preamble(C2, A2, B2, config=api)
+    rs_small = ctx.ops.matmul_reduce_scatter_preamble(C2, A2, B2, config=small)
     live = set(ctx.heap.alloc.offsets.live)
     cases = [
         ("B needs 6 rows", ctx.ops.all_gather_matmul, torch.empty(8 * w, 5, device=dev).half(), A, B[:5]),
@@ -112,7 +122,18 @@ def _bad_shapes(ctx):
         ("torch.float16 or torch.float32", ctx.ops.matmul_all_reduce, torch.empty(8, 5, device=dev).double(),
          A.double(), B.double()),
         ("Lock array too small: have 4 but need 9", lambda o, a, b: ctx.ops.matmul_all_reduce(
-            o, a, b, config=FusedConfig(block_size_m=16, block_size_n=16, **tiles), workspace=big_ws), C2, A2, B2),
+            o, a, b, config=small, workspace=big_ws), C2, A2, B2),
+        ("matmul_reduce_scatter: Lock array too small: have 4 but need 9 for block_size_m=16, block_size_n=16",
+         lambda o, a, b: ctx.ops.matmul_reduce_scatter_preamble(o, a, b, config=small, workspace=rs_ws), C2, A2, B2),
+        ("Lock array too small: have 4 but need 9", lambda o, a, b: iris.ops.matmul_reduce_scatter(
+            ctx, o, a, b, config=small, workspace=rs_ws), C2, A2, B2),
+        (f"Lock array too small: have {-(-m // 32) * 2} but need {-(-m // 16) * 3}",
+         lambda o, a, b: ctx.ops.matmul_reduce_scatter_preamble(o, a, b, config=small, workspace=rs_rows), rows, A2,
+         B2),
+        ("Lock array too small: have 4 but need 9", lambda o, a, b: ctx.ops.matmul_reduce_scatter_preamble(
+            o, a, b, config=api_small, workspace=rs_api), C2, A2, B2),
+        ("workspace was built for matmul_all_reduce", lambda o, a, b: ctx.ops.matmul_reduce_scatter(
+            o, a, b, config=big, workspace=big_ws), C2, A2, B2),
         ("workspace was built for", lambda o, a, b: ctx.ops.matmul_all_reduce(o, a, b, workspace=other_ws),
          torch.empty(8, 5, device=dev).half(), A, B),
         ("bias must be a 1-D float tensor of A_local's 8 rows", lambda o, a, b: ctx.ops.matmul_all_gather(
@@ -131,6 +152,15 @@ def _bad_shapes(ctx):
                 errors.append(f"expected {want!r} in {str(e)!r}")
     if set(ctx.heap.alloc.offsets.live) != live:
         errors.append("a rejected call allocated on the heap")
+    # as Iris's, a preamble passed a workspace of another config returns its own config's where it does not raise:
+    # matmul_all_reduce's always, matmul_reduce_scatter's where the locks cover that config's tiles
+    if ctx.ops.matmul_all_reduce_preamble(C2, A2, B2, config=small, workspace=big_ws) is big_ws:
+        errors.append("matmul_all_reduce_preamble returned a workspace of 32-tiles for 16-tiles")
+    if ctx.ops.matmul_reduce_scatter_preamble(C2, A2, B2, config=big, workspace=rs_small) is not rs_ws:
+        errors.append("matmul_reduce_scatter_preamble did not return the workspace of its config")
+    empty = iris.ops.FusedWorkspace()
+    if ctx.ops.matmul_reduce_scatter_preamble(C2, A2, B2, config=big, workspace=empty) is not empty or not empty:
+        errors.append("matmul_reduce_scatter_preamble did not fill the empty FusedWorkspace it was passed")
     return errors
 
 

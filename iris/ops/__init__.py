@@ -36,7 +36,7 @@ from . import matmul_reduce as _mr
 from . import matmul_tile_reduce as _mtr
 from . import owned_tiles as _ot
 from . import streamed as _st
-from ..errors import IndirectPeerError
+from ..errors import CollectiveError, IndirectPeerError
 from .config import FusedConfig
 # Iris's module path iris.ops.matmul_reduce_scatter; bound after the submodule loads, so the name is the function
 from .matmul_reduce_scatter import matmul_reduce_scatter, matmul_reduce_scatter_preamble
@@ -50,6 +50,10 @@ IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it d
 # matmul_all_reduce's variants that only the tile-API kernel runs (Iris's atomic and spinlock add each tile
 # into every rank's zeroed output; ring reduces the published partials around the ring)
 TILE_API_VARIANTS = ("atomic", "spinlock", "ring")
+# the workspaces that hold a lock per tile of the config they were built with, as Iris's do
+LOCKED = ("ar", "rs", "ar_tiles", "rs_tiles", "ar_tile_api", "rs_tile_api")
+OP_NAMES = {"ag": "all_gather_matmul", "ar": "matmul_all_reduce", "rs": "matmul_reduce_scatter",
+            "mag": "matmul_all_gather"}
 
 __all__ = ["FusedConfig", "FusedWorkspace", "OpsNamespace", "all_gather_matmul", "all_gather_matmul_preamble", "matmul",
            "matmul_all_gather", "matmul_all_gather_preamble", "matmul_all_reduce", "matmul_all_reduce_preamble",
@@ -93,43 +97,69 @@ class OpsNamespace:
         ws = self._workspaces.get(key)
         if ws is None:
             ws = self._workspaces[key] = make()
-            ws["built_for"] = key[:6]
+            # name's first word is the op's kind ("rs_tiles", "ar/streamed", "ag_k"): what a call checks it against
+            ws["built_for"] = (name.split("/")[0].split("_")[0],) + key[1:6]
         return ws
 
-    def _given(self, name, kind, output, A, B, config, workspace):
-        """A workspace passed back: checked against these tensors; an empty FusedWorkspace is filled."""
+    @staticmethod
+    def _passed(name, workspace) -> None:
         if not isinstance(workspace, dict):
             raise TypeError(f"{name}: workspace must be what {name}_preamble or {name} returned, got "
                             f"{type(workspace).__name__}")
+
+    @staticmethod
+    def _built_for(kind, workspace, output, A, B) -> bool:
+        return tuple(workspace.get("built_for", ())) == (kind, tuple(A.shape), tuple(B.shape), tuple(output.shape),
+                                                         A.dtype, A.device)
+
+    def _given(self, name, kind, output, A, B, config, workspace):
+        """A workspace passed back to an op: checked against these tensors and config before anything is
+        allocated or launched; an empty FusedWorkspace is filled."""
+        self._passed(name, workspace)
         if not workspace:
             workspace.update(self._preamble(kind, output, A, B, config))
             return workspace
         self._kind(kind, output, A, B, config)
+        if not self._built_for(kind, workspace, output, A, B):
+            built = tuple(workspace.get("built_for", ())) + (None,) * 6
+            raise CollectiveError(f"{name}: the workspace was built for {OP_NAMES.get(built[0], 'no op')} with A "
+                                  f"{built[1]}, B {built[2]}, output {built[3]} {built[4]} on {built[5]}, not for "
+                                  f"{name} with A {tuple(A.shape)}, B {tuple(B.shape)}, output "
+                                  f"{tuple(output.shape)} {A.dtype} on {A.device}; build one with {name}_preamble")
         self._locks_cover(name, workspace, output, A, config)
-        built = workspace.get("built_for", ())
-        if built[1:] != (tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device):
-            raise ValueError(f"{name}: the workspace was built for A {built[1:2]}, B {built[2:3]}, output "
-                             f"{built[3:4]} {built[4:6]}, not A {tuple(A.shape)}, B {tuple(B.shape)}, output "
-                             f"{tuple(output.shape)} {A.dtype} on {A.device}; build one with {name}_preamble")
         return workspace
+
+    def _prepared(self, name, kind, output, A, B, config, workspace):
+        """What NAME_preamble returns: the workspace for this call, reused where one was built for it and
+        built where not, as Iris's preambles rebuild one passed for other shapes or tiles; an empty
+        FusedWorkspace passed is filled with it."""
+        if workspace is not None:
+            self._passed(name, workspace)
+        ws = self._preamble(kind, output, A, B, config)
+        if workspace is not None and not workspace:
+            workspace.update(ws)
+            return workspace
+        return ws
 
     @staticmethod
     def _locks_cover(name, workspace, output, A, config) -> None:
-        """Iris's check of a matmul_all_reduce workspace passed back with a config of smaller tiles: its
-        per-tile locks would not cover them. Raised before anything runs, the same on every rank."""
-        built = workspace.get("tiles")
-        if name != "matmul_all_reduce" or config is None or built is None or output.dim() != 2:
-            return
-        if workspace.get("op") == "ar_tiles":
+        """Iris's check of a matmul_all_reduce or matmul_reduce_scatter workspace passed back with a config
+        of smaller tiles than it was built for: its locks, one per tile, would not cover the config's
+        tiles. Pure arithmetic on the shapes, so every rank raises alike, before anything is allocated."""
+        built, op = workspace.get("tiles"), workspace.get("op")
+        if config is None or built is None or op not in LOCKED or workspace.get("tile_op") in ("atomic", "ring"):
+            return  # nothing holds a lock per tile (Iris's atomic takes no locks either)
+        if op in ("ar_tiles", "rs_tiles"):  # as _preamble fills them
             config = dataclasses.replace(config, **{k: v for k, v in IRIS_TILE.items() if getattr(config, k) is None})
-        m, n = output.shape
+        m, n = (A.shape[0], output.shape[1]) if op.endswith("tile_api") else output.shape  # what the preamble tiled
         want = tiles_for(m, n, A.device, config, A.element_size())
         have, need = -(-m // built.bm) * -(-n // built.bn), -(-m // want.bm) * -(-n // want.bn)
         if have < need:
-            raise ValueError(f"{name}: Lock array too small: have {have} but need {need} for block_size_m={want.bm}, "
-                             f"block_size_n={want.bn}: the workspace passed back was built for {built.bm}x{built.bn} "
-                             f"tiles. Pre-allocate workspace with the smallest block sizes you intend to use "
-                             f"({name}_preamble with this config), or leave workspace= out")
+            raise CollectiveError(f"{name}: Lock array too small: have {have} but need {need} for block_size_m="
+                                  f"{want.bm}, block_size_n={want.bn}: the workspace passed back was built for "
+                                  f"{built.bm}x{built.bn} tiles. Pre-allocate workspace with the smallest block "
+                                  f"sizes you intend to use ({name}_preamble with this config), or leave "
+                                  f"workspace= out")
 
     def _variant(self, kind, output, A, B, config) -> str:
         if config is not None:
@@ -255,8 +285,10 @@ class OpsNamespace:
         return self._call("ag", "all_gather_matmul", output, A, B, bias, config, workspace)
 
     def matmul_all_reduce_preamble(self, output, A, B, config: Optional[FusedConfig] = None, workspace=None) -> dict:
-        """Workspace for matmul_all_reduce at these shapes. Collective: all ranks, same order, same sizes."""
-        return workspace if workspace is not None else self._preamble("ar", output, A, B, config)
+        """Workspace for matmul_all_reduce at these shapes and config: workspace= is returned where it was
+        built for them, else replaced, as Iris's preamble rebuilds (the op itself raises on a workspace
+        of larger tiles than its config's). Collective: all ranks, same order, same sizes."""
+        return self._prepared("matmul_all_reduce", "ar", output, A, B, config, workspace)
 
     def matmul_all_reduce(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, bias=None,
                           async_op: bool = False, config: Optional[FusedConfig] = None, workspace=None) -> dict:
@@ -266,8 +298,14 @@ class OpsNamespace:
 
     def matmul_reduce_scatter_preamble(self, output, A, B, config: Optional[FusedConfig] = None,
                                        workspace=None) -> dict:
-        """Workspace for matmul_reduce_scatter at these shapes. Collective: all ranks, same order, same sizes."""
-        return workspace if workspace is not None else self._preamble("rs", output, A, B, config)
+        """Workspace for matmul_reduce_scatter at these shapes and config: workspace= built for these shapes
+        with larger tiles than config's raises, as Iris's preamble does, before anything is allocated; one
+        built for this call is returned, any other replaced. Collective: all ranks, same order, same sizes."""
+        if isinstance(workspace, dict) and workspace:
+            self._kind("rs", output, A, B, config)
+            if self._built_for("rs", workspace, output, A, B):
+                self._locks_cover("matmul_reduce_scatter", workspace, output, A, config)
+        return self._prepared("matmul_reduce_scatter", "rs", output, A, B, config, workspace)
 
     def matmul_reduce_scatter(self, output: torch.Tensor, A: torch.Tensor, B: torch.Tensor, bias=None,
                               async_op: bool = False, config: Optional[FusedConfig] = None, workspace=None) -> dict:
