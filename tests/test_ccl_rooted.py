@@ -167,7 +167,10 @@ def groups_of(ctx, dist):
 
 def run_all(ctx, dist, dtypes, reps, cfg, shapes=((37,), (5, 7)), groups=None):
     """Every check over every group of groups_of (or the first `groups` of them), then a late rank at
-    the barrier of the whole job, of every rank reversed and (on 4 ranks) of A."""
+    the barrier of the whole job, of every rank reversed and (on 4 ranks) of A. Groups of every rank run
+    all reps; a smaller group runs as many as put its root at each of its positions and cover the
+    dtypes (more would repeat its roots: what turns with them beyond that, the dtype and the reduction,
+    is the whole job's to cover)."""
     r, w = ctx.rank, ctx.world
     nbytes = 8 * w * max(shapes[0][0], shapes[1][0] * shapes[1][1])
     slots = Slots(ctx, 6, nbytes)
@@ -176,7 +179,7 @@ def run_all(ctx, dist, dtypes, reps, cfg, shapes=((37,), (5, 7)), groups=None):
     for rep in range(reps):  # rep turns the root (a position) and the reduction
         dtype = dtypes[rep % len(dtypes)]
         for group, ranks, slot in groups:
-            if r in ranks:
+            if r in ranks and (len(ranks) == w or rep < max(len(ranks), len(dtypes))):
                 heap = lambda s, d, slot=slot: slots(slot, s, d)  # noqa: E731
                 bad += check_rooted(ctx, heap, group, ranks, dtype, cfg, rep, shapes)
                 bad += check_p2p(ctx, heap, group, ranks, dtype, cfg, rep, shapes)
