@@ -140,6 +140,7 @@ class Soak:
                 out = torch.full((w * n,), -7, dtype=dtype, device=dev)
                 ccl.all_gather(out, xs[r], config=cfg)
                 self.note(f"all_gather {v} {str(dtype)[6:]}", out, out != torch.cat(xs))
+            self.settle(w * n)
         for v in RS:
             cfg = Config(reduce_scatter_variant=v)
             for _ in range(self.reps(n)):
@@ -148,6 +149,7 @@ class Soak:
                 ccl.reduce_scatter(out, xs[r], config=cfg)
                 ref, scale = reduced([x[r * n:(r + 1) * n] for x in xs], "sum")
                 self.note(f"reduce_scatter {v} {str(dtype)[6:]}", out, wrong(out, ref, scale, w))
+            self.settle(w * n)
         rows = max(1, n // 8)
         for _ in range(self.reps(n)):
             xs = inputs((rows, 8 * w), dtype, self.seed(), w, dev)
@@ -244,15 +246,22 @@ class Soak:
         for v in AR:
             for op in ("sum", "max") if v in ("one_shot", "two_shot", "ring") else ("sum",):
                 self.all_reduce(v, dtype, n, op)
+                self.settle(n)
         if gpu:
             for v in ("one_shot", "two_shot_push", "auto"):
                 self.all_reduce(v, dtype, n, "sum", graph=True)
+                self.settle(n)
         self.moves(dtype, max(1, n // self.w))
         if k % len(self.sizes) == 0:
             self.fused()
         if n <= self.args.max_backend:
             self.backend(max(1, n // self.w), dtype)
-        if n >= (1 << 20):  # large workspaces go back to the heap
+        self.settle(n)
+
+    def settle(self, n):
+        """Large workspaces go back to the heap after each case: at 4 ranks and 64M elements the
+        plans of one round's cases together outgrow the heap."""
+        if n >= (1 << 20):
             self.ctx.ccl.free()
 
 
