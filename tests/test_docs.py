@@ -16,6 +16,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -50,24 +52,26 @@ def test_docs_exist_and_have_code():
     assert len(blocks()) >= 10
 
 
-_PROBE = """
-import torch, triton, triton.language as tl
-@triton.jit
-def k(out, per):
+def _probe(out, per):
+    """A loop bounded by program_id, run by interpreter_loops_from_program_id."""
     n = 0
     for s in range(tl.program_id(0) * per, per + 1):
         n += 1
     tl.store(out, n)
-k[(1,)](torch.zeros(1, dtype=torch.int32), 1)
-"""
 
 
 @functools.lru_cache(maxsize=None)
 def interpreter_loops_from_program_id() -> bool:
     """Whether this Triton's interpreter runs a loop bounded by program_id. Triton 3.6's does not under
-    NumPy 2 (it converts a one-element array with int()); the collectives' kernels need it."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    return subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, timeout=120).returncode == 0
+    NumPy 2 (it converts a one-element array with int()); the collectives' kernels need it. Asked of
+    the interpreter in this process (whatever TRITON_INTERPRET says here): a fresh one costs seconds."""
+    from triton.runtime.interpreter import InterpretedFunction
+    out = torch.zeros(1, dtype=torch.int32)
+    try:
+        InterpretedFunction(_probe)[(1,)](out, 1)
+    except Exception:
+        return False
+    return out.item() == 2
 
 
 @pytest.mark.parametrize("code,ranks,expect", blocks())

@@ -49,6 +49,10 @@ import triton.language as tl
 from iris.distributed import bootstrap
 from iris.distributed.group import _HEADER, _HELLO
 
+# One pytest-xdist worker runs this module: its module fixtures (a context, a closed one, the IRIS_DEBUG
+# runs) are made once.
+pytestmark = pytest.mark.xdist_group("test_faults")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

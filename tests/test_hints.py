@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# One pytest-xdist worker runs this module: its module fixture compiles every case once.
+pytestmark = pytest.mark.xdist_group("test_hints")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 COMPILE = r'''

@@ -21,6 +21,9 @@ import iris
 from iris import DeviceContext
 from test_device import _simulate, _vals
 
+# One pytest-xdist worker runs this module: its ranks (one spawn for every check) start once.
+pytestmark = pytest.mark.xdist_group("test_iris_surface")
+
 ROOT = Path(__file__).resolve().parents[1]
 CAP, N, BLOCK, POISON, OTHER = 64, 50, 32, 100, 101
 ATOMICS = ["add", "sub", "xchg", "and", "or", "xor", "min", "max", "cas"]

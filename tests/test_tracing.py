@@ -16,6 +16,9 @@ import iris
 from iris.tracing import EVENT_NAMES, FIELDS, TraceEvent
 from iris.tracing.chrome import document, events_of, merge
 
+# One pytest-xdist worker runs this module: its module fixture's traced ranks start once.
+pytestmark = pytest.mark.xdist_group("test_tracing")
+
 BLOCK, N = 32, 40            # two programs: 32 lanes, then 8
 POISON = -7
 

@@ -13,6 +13,8 @@ What matters:
   interpreter a patch of triton.language, so the public functions call it directly, not through a
   dispatcher of their own.
 """
+import os
+
 import triton
 import triton.language as tl
 
@@ -90,10 +92,24 @@ def _unmet(cur, value, cmp: tl.constexpr):
     return out
 
 
+if settings.INTERPRET.get():  # as Triton reads it when these functions are made
+    def _relax():
+        """After a poll that found its flag short, under the interpreter: each rank is a process of the
+        host, and the rank that sets the flag may be waiting for this core (as the host driver's
+        stream_wait, give it the core)."""
+        os.sched_yield()
+else:
+    @triton.jit
+    def _relax():
+        """After a poll that found its flag short, on a GPU: nothing (the loop has its SM)."""
+        pass
+
+
 @triton.jit
 def _spin(p, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
     """Polls the flag at p (this process's mapping) until it compares CMP to value; returns it."""
     cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
     while _unmet(cur, value, CMP):
+        _relax()
         cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
     return cur

@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 from . import indirect as _indirect
-from .near import INDIRECT_PEERS, _spin
+from .near import INDIRECT_PEERS, _relax, _spin
 from .translate import _translate
 
 
@@ -82,3 +82,5 @@ def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
     while pending > 0:  # a scalar loop-carried value: Triton 3.6 mis-compiles a block one here
         seen = tl.atomic_add(flags + peers, 0, mask=live, sem="acquire", scope="sys")
         pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+        if pending > 0:
+            _relax()

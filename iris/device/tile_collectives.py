@@ -40,6 +40,7 @@ import triton.language as tl
 
 from .aggregate import aggregate
 from .atomics import atomic_add, atomic_cas, atomic_xchg
+from .near import _relax
 from .rma import load, store
 from .sync import wait
 
@@ -128,6 +129,7 @@ def _into(ctx, OP: tl.constexpr, r, ptrs, data, mask, locks, tile_id):
     elif OP == "locked_add":
         held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
         while held != 0:
+            _relax()
             held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
         tl.debug_barrier()  # the whole program reads after the lock is taken ...
         cur = load(ptrs, ctx.rank, r, ctx.heap_bases, mask=mask, other=0)

@@ -3,6 +3,7 @@ spinlock (a lock per block around a remote read-modify-write)."""
 import triton
 import triton.language as tl
 
+from ...device.near import _relax
 from .common import _peer_offset, _signal_wait, _start
 
 
@@ -40,7 +41,7 @@ def accumulate_kernel(inp, out, acc, locks, flags, counters, heap_bases, n, per,
                 lock = locks + s // BLOCK + _peer_offset(heap_bases, q, mine, 2)
                 free = tl.zeros([], tl.int64)  # atomic_cas wants the lock's own type
                 while tl.atomic_cas(lock, free, free + 1, sem="acquire", scope="sys") != 0:
-                    pass
+                    _relax()
                 tl.debug_barrier()
                 cur = tl.load(there, mask=mask, volatile=True)
                 tl.store(there, cur + x, mask=mask)

@@ -7,6 +7,7 @@ The synchronisation rules they keep are the package's (iris/ccl/kernels/__init__
 import triton
 import triton.language as tl
 
+from ...device.near import _relax
 from ...device.translate import _translate
 
 
@@ -42,6 +43,8 @@ def _await(slots, live, target, mark, SPIN: tl.constexpr, EXACT: tl.constexpr = 
         else:
             short = live & (seen < want)
         pending = tl.sum(short.to(tl.int32), axis=0)
+        if pending > 0:
+            _relax()
         if SPIN != 0:
             polls += 1
             if polls >= SPIN:
