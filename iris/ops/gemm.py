@@ -115,16 +115,24 @@ def operand(t: torch.Tensor, block: tuple, tma: bool):
     if not tma:
         return t, False
     from triton.tools.tensor_descriptor import TensorDescriptor
-    if t.stride(1) == 1 and (t.stride(0) != 1 or t.shape[1] == 1 or t.is_contiguous()):
+    if not operand_transposed(t):
         return TensorDescriptor.from_tensor(t, list(block)), False
     return TensorDescriptor.from_tensor(t.t(), [block[1], block[0]]), True
 
 
-def tile_args(A: torch.Tensor, B: torch.Tensor, t: "Tiles", *more: torch.Tensor) -> tuple:
+def operand_transposed(t: torch.Tensor) -> bool:
+    """Whether TMA reads t through its transpose (t is column-major)."""
+    return not (t.stride(1) == 1 and (t.stride(0) != 1 or t.shape[1] == 1 or t.is_contiguous()))
+
+
+def tile_args(A: torch.Tensor, B: torch.Tensor, t: "Tiles", *more: torch.Tensor, row_step: int = 0) -> tuple:
     """(a, b, kw) for a fused kernel: A and B as it takes them (TMA descriptors where TMA can read A, B
     and the tensors in more, else the tensors themselves) and t's tile constexprs and launch options
-    by name (launch() passes those the kernel has)."""
-    tma = tma_ok(A, B, *more)
+    by name (launch() passes those the kernel has). row_step: the kernel also starts A's tiles at
+    multiples of that many rows; a column-major A is then read by TMA only where that is a 16-byte
+    step (a TMA read's innermost coordinate must be 16-byte aligned, or the GPU stops at an illegal
+    instruction)."""
+    tma = tma_ok(A, B, *more) and not (row_step * A.element_size() % 16 and operand_transposed(A))
     a, a_t = operand(A, (t.bm, t.bk), tma)
     b, b_t = operand(B, (t.bk, t.bn), tma)
     return a, b, dict(BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, TMA=tma, A_T=a_t, B_T=b_t, STAGES=t.stages,

@@ -151,7 +151,7 @@ def run(ctx, output, A, B, config, ws, scatter: bool) -> torch.Tensor:
 
 def _args(ctx, output, A, B, ws, scatter):
     (m, k), n = A.shape, B.shape[1]
-    a, b, kw = tile_args(A, B, ws["tiles"])
+    a, b, kw = tile_args(A, B, ws["tiles"], row_step=output.shape[0] if scatter else 0)  # each owner's rows
     grid = 1 if interpreted() and scatter else ws["tiles"].sms
     return ((grid,), (a, b, output, ws["slots"], ws["flags"], ws["ctl"], ctx.get_heap_bases(), ctx.rank, ctx.world,
                       m, n, k, A.stride(0), A.stride(1), B.stride(0), B.stride(1), output.stride(0), output.stride(1)),
