@@ -253,6 +253,7 @@ class CCL:
         Collective: all ranks, at the same point of their calls."""
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
+        self.ctx.heap.raise_faults()
         self.check_waits()
         for plan in {id(p): p for p in self.plans.values()}.values():
             for t in plan.workspace:
