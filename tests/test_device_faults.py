@@ -234,6 +234,7 @@ def rank_main(cases):
                 {"ranks": _rank_cases, "waits": _wait_cases}[case](ctx, failures)
             except Exception:  # noqa: BLE001 - returned to the parent
                 failures.append(f"rank {ctx.get_rank()} raised in {case}:\n{traceback.format_exc()}")
+                print(failures[-1], file=sys.stderr, flush=True)  # shown even where the peers then diverge
                 break
     finally:
         ctx.close()
