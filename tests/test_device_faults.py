@@ -23,7 +23,10 @@ import iris
 ROOT = Path(__file__).resolve().parents[1]
 N = 16
 POISON_F, POISON_I, OTHER = -7.0, 77, -2.0
-SPIN = 200  # polls before a wait gives up, on the host and on GPUs
+# polls before a wait gives up: the limit bounds every wait of the job, the ones that end too, and a GPU
+# polls in about a microsecond while the ranks' launches drift by milliseconds (an interpreted poll takes
+# about that long itself)
+SPIN = 1 << 20 if torch.cuda.is_available() else 200
 # (case, the device function the error names): every device function that takes a rank
 RANK_CASES = [("store", "store"), ("load", "load"), ("load_other", "load"), ("get", "get"), ("put", "put"),
               ("copy_from", "copy"), ("copy_to", "copy"), ("atomic_add", "atomic_add"), ("atomic_sub", "atomic_sub"),
