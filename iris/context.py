@@ -192,10 +192,21 @@ class Iris:
         covers_job(group, self.world, "barrier")
         self.heap.check_symmetry(sync=True if stream is None else stream)
         if stream is None:  # the device is synced: what a kernel noted, or a ccl wait that gave up, shows now
+            self._raise_noted()
+
+    def _raise_noted(self) -> None:
+        """Raise what this rank's kernels noted since the last look (the device synced): the fault record
+        first, then ctx.ccl's own waits. A wait noted in the record (a device function's, a lock's) makes
+        the waits after it give up too: those belong to the same error, raised once."""
+        ccl = self.__dict__.get("_ccl")
+        try:
             self.heap.raise_faults()
-            ccl = self.__dict__.get("_ccl")
-            if ccl is not None:
-                ccl.check_waits()
+        except WaitTimeout as e:
+            if ccl is not None and ccl.gave_up is None:
+                ccl.gave_up = e
+            raise
+        if ccl is not None:
+            ccl.check_waits()
 
     # -- memory ------------------------------------------------------------
     def is_symmetric(self, t: torch.Tensor) -> bool:
@@ -389,13 +400,11 @@ class Iris:
         if getattr(self, "heap", None) is not None:
             if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
-            ccl, gave_up = self.__dict__.get("_ccl"), None
+            gave_up = None
             if not isinstance(self.heap, ClosedHeap):
                 self.heap.as_symmetric.clear()
                 try:  # raised once the heap is closed
-                    self.heap.raise_faults()
-                    if ccl is not None:
-                        ccl.check_waits()
+                    self._raise_noted()
                 except (DeviceCheckError, WaitTimeout) as e:
                     gave_up = e
             self.reserve = ClosedHeap("reserve")  # the context's tensors must not hold it; ccl and ops read it

@@ -225,6 +225,10 @@ def _wait_cases(ctx, failures):
             f"rank {rank}: ctx.ccl.all_reduce (spinlock)'s lock gave up", f"on rank {world - 1}",
             "a value eq 0 and last read 1", "Config.spin_limit")):
         failures.append(f"rank {rank}: ccl spinlock held for ever: {message}")
+    # the waits that gave up after the lock (a peer's flag, late because it gave up on the lock) are the same
+    # error: not raised again
+    if (again := _raised(ctx, iris.IrisError)) is not None:
+        failures.append(f"rank {rank}: ccl spinlock held for ever: raised again: {again}")
 
 
 def rank_main(cases):
