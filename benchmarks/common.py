@@ -74,6 +74,73 @@ def write_result(name: str, payload: dict, out: str | None = None) -> str:
     return path
 
 
+RANK_CHECK_HELP = ("both: the benchmark as two jobs of this job's size, one with iris's rank check compiled in "
+                   "(IRIS_RANK_CHECK=1) and one without (0), and one JSON with both runs and their ratios; otherwise "
+                   "IRIS_RANK_CHECK decides (on by default)")
+
+
+def both_rank_checks(script: str, argv: list, out: str | None, name: str) -> int:
+    """--rank-check both. The check is compiled into kernels when iris is imported (a constexpr that Triton
+    folds), so each value is a job of its own: rank 0 of this job (or a plain process, as 2 ranks) starts
+    `python -m iris.run` twice with IRIS_RANK_CHECK=1 and 0 and the same options, then writes one JSON with
+    both records and, for every figure they share, on / off. The other ranks return at once."""
+    import subprocess
+    import tempfile
+
+    from iris import settings
+    from iris.cli.bench import free_port
+    if int(os.environ.get("IRIS_RANK", os.environ.get("RANK", "0"))) != 0:
+        return 0
+    world = int(os.environ.get("IRIS_WORLD_SIZE", os.environ.get("WORLD_SIZE", "2")))
+    launched = {s.name for s in (settings.RANK, settings.WORLD_SIZE, settings.LOCAL_RANK, settings.SOCKET_DIR,
+                                 settings.JOB_SECRET)} | {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                          "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK"}
+    env = {k: v for k, v in os.environ.items() if k not in launched and not k.startswith("TORCHELASTIC")}
+    rest, skip = [], False
+    for a in argv:  # this run's --rank-check and --out are the driver's
+        if skip or a in ("--rank-check", "--out") or a.startswith(("--rank-check=", "--out=")):
+            skip = a in ("--rank-check", "--out")
+            continue
+        rest.append(a)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, value in (("on", "1"), ("off", "0")):
+            path = os.path.join(tmp, f"{label}.json")
+            cmd = [sys.executable, "-m", "iris.run", "-n", str(world), script, *rest, "--out", path]
+            print(f"rank check {label}: {' '.join(cmd[1:])}", flush=True)
+            code = subprocess.call(cmd, env=dict(env, IRIS_RANK_CHECK=value, MASTER_ADDR="127.0.0.1",
+                                                 MASTER_PORT=str(free_port())))
+            if code:
+                return code
+            with open(path) as f:
+                runs[label] = json.load(f)
+    ratios = _ratios(runs["on"], runs["off"])
+    path = write_result(f"{name}_rank_check", {"ranks": world, "rank_check_on": runs["on"],
+                                               "rank_check_off": runs["off"], "on_over_off": ratios}, out)
+    print(f"rank check on / off: {len(ratios)} figures, median {_median(ratios.values()):.3f}; wrote {path}")
+    return 0
+
+
+def _ratios(on, off, at: str = "") -> dict:
+    """on / off for every timing or rate the two records share (keys ending _s, _us or _GBps), by path."""
+    out = {}
+    if isinstance(on, dict) and isinstance(off, dict):
+        for k in on.keys() & off.keys():
+            out.update(_ratios(on[k], off[k], f"{at}.{k}" if at else k))
+    elif isinstance(on, list) and isinstance(off, list):
+        for i, (a, b) in enumerate(zip(on, off)):
+            out.update(_ratios(a, b, f"{at}[{i}]"))
+    elif isinstance(on, (int, float)) and isinstance(off, (int, float)) and not isinstance(on, bool) and off \
+            and at.endswith(("_s", "_us", "_GBps")):
+        out[at] = on / off
+    return out
+
+
+def _median(values) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else float("nan")
+
+
 def batched(fn, reps: int, batch: int = 25) -> list:
     """Per-call seconds of fn, one figure per batch of `batch` calls (so the timer's own cost is
     spread over the batch instead of added to each call)."""

@@ -4,6 +4,7 @@ and NCCL measured in the same run; writes every number and the ratios as JSON.
     python -m iris.run -n 2 benchmarks/rma_bandwidth.py --out benchmarks/results/rma_h200x2.json
     torchrun --nproc-per-node 4 benchmarks/rma_bandwidth.py --out benchmarks/results/rma_h200x4.json
     python -m iris.run -n 2 benchmarks/rma_bandwidth.py --dry-run     # tiny sizes on the host, no GPU
+    python -m iris.run -n 2 benchmarks/rma_bandwidth.py --rank-check both --skip all_pairs   # the check's cost
 
 Point to point (ranks 0 and 1, 4 KiB..1 GiB): iris put (0 writes 1's heap) and get (0 reads 1's
 heap) against the copy engine (the faster of torch copy_ from cuda:0 to cuda:1 in one process and
@@ -34,7 +35,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command_line, nccl_unusable, timed  # noqa: E402
+from common import RANK_CHECK_HELP, both_rank_checks, command_line, nccl_unusable, timed  # noqa: E402
 
 import iris  # noqa: E402
 from iris.ccl.launch import Launcher  # noqa: E402
@@ -402,7 +403,11 @@ def main(argv=None) -> int:
     parser.add_argument("--heap-mib", type=int, default=None, help="heap per rank (default: 3 x max-bytes + 64 MiB)")
     parser.add_argument("--latency-rounds", type=int, default=10000, help="ping-pong round trips per sample")
     parser.add_argument("--skip", default="", help="comma list of sections to skip: p2p,all_pairs,latency")
+    parser.add_argument("--rank-check", choices=("both",), help=RANK_CHECK_HELP)
     args = parser.parse_args(argv)
+    if args.rank_check == "both":
+        return both_rank_checks(os.path.abspath(__file__), sys.argv[1:] if argv is None else argv, args.out,
+                                "rma_bandwidth")
     if args.dry_run:
         args.max_bytes = min(args.max_bytes, 64 * KiB)
     if args.heap_mib is None:
@@ -416,6 +421,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "rma_bandwidth", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": command_line(),
               "ranks": b.world, "dry_run": args.dry_run, "allocator": b.ctx.allocator_name,
+              "rank_check": iris.settings.RANK_CHECK.get(),
               "device": torch.cuda.get_device_name(b.dev) if b.gpu else "host (Triton interpreter)",
               "gpus_visible": torch.cuda.device_count() if b.gpu else 0,
               "multiprocessors": b.sms, "versions": {"torch": torch.__version__, "triton": triton.__version__,

@@ -12,10 +12,9 @@ import torch
 from . import distributed, settings
 from .allocators import ALLOCATORS, allocator_named, check_heap_size
 from .device_name import DeviceName
-from .errors import IrisError, WaitTimeout, pip_install, user_stacklevel
+from .errors import DeviceCheckError, IrisError, WaitTimeout, pip_install, user_stacklevel
 from .distributed.host_collectives import broadcast, covers_job
 from .logging import DEBUG, ERROR, INFO, WARNING, log
-from .device.translate import HIDDEN, bases_table
 from .heap import SymmetricHeap, reach
 from .heap import reserve as _reserve
 from .heap.reserve import Reserve
@@ -103,6 +102,7 @@ class Iris:
             self.reserve = Reserve(self.heap.new_tensor(torch.Size((reserve,)), torch.uint8), self.world, ccl_puts,
                                    indirect)
             self.heap.use_counters(self.reserve.progress, indirect)  # reuse of freed blocks, in stream order
+            self.heap.own_parts = self.reserve.parts  # a wait that gave up on one of them is named by it
             self._device_context = None
             self._torch_device, self.device = self.device, DeviceName(self.device)  # Iris's ctx.device: a str
             self.barrier()  # every rank's flags are zero before any rank signals into them
@@ -153,9 +153,8 @@ class Iris:
         """int64 tensor [rank, world, heap_base_0, ..., 3 trace slots] on the heap's device, for
         iris.DeviceContext.initialize(context, rank, world_size) in a kernel. Built once (tracing
         updates its slots in place): a CUDA graph that captured a kernel taking it stays valid."""
-        if self._device_context is None:  # IRIS_DEBUG's hidden entries sit before it, as before heap_bases
-            table = bases_table(self.heap.bases, self.heap.size, self.rank, self.device, self.tracing.slots().tolist())
-            self._device_context = table[HIDDEN - 2:]
+        if self._device_context is None:  # the hidden entries sit before it, as before heap_bases
+            self._device_context = self.heap.table(self.heap.bases, self.heap.size, self.tracing.slots().tolist(), 2)
         return self._device_context
 
     @cached_property
@@ -186,11 +185,27 @@ class Iris:
 
     def barrier(self, stream=None, group=None) -> None:
         """Waits for this rank's device work (on `stream` only, if given), then for every rank.
-        Collective: all ranks. group: None or every rank (subsets raise NotImplementedError)."""
+        Collective: all ranks. group: None or every rank (subsets raise NotImplementedError).
+        Then raises, on the rank where it happened, what this rank's kernels noted since the last
+        check: a device function's rank outside [0, world) (DeviceCheckError) or a device wait that
+        gave up (WaitTimeout)."""
         covers_job(group, self.world, "barrier")
         self.heap.check_symmetry(sync=True if stream is None else stream)
+        if stream is None:  # the device is synced: what a kernel noted, or a ccl wait that gave up, shows now
+            self._raise_noted()
+
+    def _raise_noted(self) -> None:
+        """Raise what this rank's kernels noted since the last look (the device synced): the fault record
+        first, then ctx.ccl's own waits. A wait noted in the record (a device function's, a lock's) makes
+        the waits after it give up too: those belong to the same error, raised once."""
         ccl = self.__dict__.get("_ccl")
-        if ccl is not None and stream is None:  # the device is synced: a wait that gave up shows now
+        try:
+            self.heap.raise_faults()
+        except WaitTimeout as e:
+            if ccl is not None and ccl.gave_up is None:
+                ccl.gave_up = e
+            raise
+        if ccl is not None:
             ccl.check_waits()
 
     # -- memory ------------------------------------------------------------
@@ -380,17 +395,17 @@ class Iris:
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
         """Leave the job; idempotent. Collective while peers are alive. The heap's memory (this
-        rank's and its peer views) goes back now, or when the last heap tensor still held goes."""
+        rank's and its peer views) goes back now, or when the last heap tensor still held goes. A fault
+        a kernel noted since the last barrier (DeviceCheckError, WaitTimeout) is raised after that."""
         if getattr(self, "heap", None) is not None:
             if self.device.type == "cuda" and not isinstance(self.heap, ClosedHeap):
                 torch.cuda.synchronize(self.device)  # no kernel of this rank still touches what goes now
+            gave_up = None
             if not isinstance(self.heap, ClosedHeap):
                 self.heap.as_symmetric.clear()
-            ccl, gave_up = self.__dict__.get("_ccl"), None
-            if ccl is not None and not isinstance(self.heap, ClosedHeap):
-                try:
-                    ccl.check_waits()
-                except WaitTimeout as e:  # raised once the heap is closed
+                try:  # raised once the heap is closed
+                    self._raise_noted()
+                except (DeviceCheckError, WaitTimeout) as e:
                     gave_up = e
             self.reserve = ClosedHeap("reserve")  # the context's tensors must not hold it; ccl and ops read it
             for cache in (self.__dict__.pop("_ccl", None), self.__dict__.pop("ops", None)):

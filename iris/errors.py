@@ -52,7 +52,8 @@ class BootstrapError(IrisError, RuntimeError):
 
 
 class DeviceCheckError(IrisError, RuntimeError):
-    """IRIS_DEBUG=1: a device function got a rank outside [0, world) or a pointer outside the heap."""
+    """A device function got a rank outside [0, world) (refused, and raised by the host at its next
+    ctx.barrier(); IRIS_RANK_CHECK) or, with IRIS_DEBUG=1, a pointer outside the heap."""
 
 
 class SymmetryError(IrisError, RuntimeError):
@@ -64,9 +65,9 @@ class CaptureError(IrisError, RuntimeError):
 
 
 class WaitTimeout(IrisError, TimeoutError):
-    """A collective's device wait gave up (IRIS_SPIN_LIMIT, Config.spin_limit): names the collective, the
-    waiting rank, the peer it waited for, the flag and the epoch. The collective's result is wrong and
-    its workspace unusable; the job should end."""
+    """A device wait gave up (IRIS_SPIN_LIMIT, Config.spin_limit): names the collective or device function,
+    the waiting rank, the peer it waited for, the flag and the epoch or value. What the kernel computed
+    after the wait is wrong (a collective's workspace unusable); the job should end."""
 
 
 class ReuseTimeout(IrisError, TimeoutError):

@@ -1,7 +1,7 @@
 """Every environment variable iris reads, in one table: its type, its default and what it means.
 
 - A value is read when it is asked for (`Setting.get`), so a variable changed at run time counts
-  from the next read; the few a kernel compiles in (IRIS_DEBUG, IRIS_INDIRECT_PEERS,
+  from the next read; the few a kernel compiles in (IRIS_DEBUG, IRIS_RANK_CHECK, IRIS_INDIRECT_PEERS,
   TRITON_INTERPRET) are read by the device modules when they load.
 - One rule for all: unset or empty means the default. A flag is on for 1, true, yes, on, y and off
   for 0, false, no, off, n (any case), as Triton reads TRITON_INTERPRET; anything else is a
@@ -124,9 +124,12 @@ DEBUG = Setting("IRIS_DEBUG", False, "compile rank and pointer checks into every
                 "ctx.free refuses a block other tensors still view (read when a context is made)", _flag)
 REUSE_TIMEOUT = Setting("IRIS_REUSE_TIMEOUT", 120.0, "seconds a reused heap block waits for peers' work queued before "
                         "their free, with no counter moving, before ReuseTimeout", _seconds)
-SPIN_LIMIT = Setting("IRIS_SPIN_LIMIT", 1 << 28, "most polls of a flag a collective's device wait makes before it gives up "
-                    "and the host raises WaitTimeout (about 1 us a poll on an H100; 0: wait for ever); "
-                    "Config.spin_limit wins", _count)
+SPIN_LIMIT = Setting("IRIS_SPIN_LIMIT", 1 << 28, "most polls a device wait (ctx.ccl's, iris.wait, the device barrier, "
+                    "the tile API's locks) makes before it gives up and the host raises WaitTimeout (about 1 us a poll "
+                    "on an H100; 0: wait for ever; read when a context is made); Config.spin_limit wins for ctx.ccl",
+                    _count)
+RANK_CHECK = Setting("IRIS_RANK_CHECK", True, "device functions refuse a rank outside [0, world): the access is "
+                     "masked and the host raises DeviceCheckError (read at import; 0 compiles the check out)", _flag)
 INDIRECT_PEERS = Setting("IRIS_INDIRECT_PEERS", frozenset(), "peers reached through NVSHMEM although loads could: "
                          "all, none or ranks such as 1,3 (allocator='nvshmem')", _peers)
 CCL_PUTS = Setting("IRIS_CCL_PUTS", False, "ctx.ccl moves data by puts although every peer is direct", _flag)
@@ -148,9 +151,9 @@ JOB_SECRET = Setting("IRIS_JOB_SECRET", None, "secret ranks prove to each other 
 INTERPRET = Setting("TRITON_INTERPRET", False, "kernels run in Triton's interpreter (iris sets 1 on the host "
                     "platform before any kernel is defined)", _flag)
 
-SETTINGS = {s.name: s for s in (PLATFORM, ALLOCATOR, TIMEOUT, CHECK_SYMMETRY, DEBUG, REUSE_TIMEOUT, SPIN_LIMIT, INDIRECT_PEERS,
-                                CCL_PUTS, NVSHMEM_BITCODE, ADDR, PORT, HOSTNAME, HEAP_SIZE, RANK, WORLD_SIZE, LOCAL_RANK,
-                                SOCKET_DIR, JOB_SECRET, INTERPRET)}
+SETTINGS = {s.name: s for s in (PLATFORM, ALLOCATOR, TIMEOUT, CHECK_SYMMETRY, DEBUG, REUSE_TIMEOUT, SPIN_LIMIT,
+                                RANK_CHECK, INDIRECT_PEERS, CCL_PUTS, NVSHMEM_BITCODE, ADDR, PORT, HOSTNAME, HEAP_SIZE,
+                                RANK, WORLD_SIZE, LOCAL_RANK, SOCKET_DIR, JOB_SECRET, INTERPRET)}
 SECRET = (JOB_SECRET.name,)  # never printed
 
 

@@ -253,7 +253,7 @@ class CCL:
         Collective: all ranks, at the same point of their calls."""
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
-        self.check_waits()
+        self.ctx._raise_noted()
         for plan in {id(p): p for p in self.plans.values()}.values():
             for t in plan.workspace:
                 if self.ctx.is_symmetric(t):

@@ -8,7 +8,9 @@ sem (default "acq_rel"): how the caller's other accesses are ordered around the 
 (not at all), "acquire" (later ones stay after), "release" (earlier ones complete before), "acq_rel"
 (both). scope (default "gpu"): who is promised that ordering: "cta" (this program), "gpu" (this
 device), "sys" (every device and the host): use "sys" to synchronize with another rank's GPU.
-Every function returns the old values.
+Every function returns the old values. A rank outside [0, world) is refused (translate.py,
+IRIS_RANK_CHECK): nothing is updated for it, it returns 0 (as do masked lanes), and the host raises
+DeviceCheckError at its next ctx.barrier().
 
 Dtypes are Triton's: add takes fp16/bf16/fp32/fp64/int32/int64 (and unsigned); min, max and xchg
 fp32/fp64/int32/int64; and, or, xor int32/int64; cas any 16, 32 or 64-bit type. Each function issues
@@ -19,8 +21,9 @@ import triton
 import triton.language as tl
 
 from . import indirect as _indirect
+from . import faults as _f
 from .near import ADD, AND, CAS, INDIRECT_PEERS, MAX, MIN, OR, XCHG, XOR, _atomic
-from .translate import _translate
+from .translate import RANK_CHECK, _reach, _translate
 
 
 @triton.jit
@@ -29,7 +32,11 @@ def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     """Atomically adds val to to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(ADD, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(ADD, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_ADD)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_ADD, hint)
+        return tl.where(m, _atomic(ADD, p, val, None, m, sem, scope), 0)
     return _atomic(ADD, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
@@ -39,7 +46,11 @@ def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     """Atomically subtracts val from to_rank's memory at ptr (adds -val); returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(ADD, ptr, -val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(ADD, ptr, -val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_SUB)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_SUB, hint)
+        return tl.where(m, _atomic(ADD, p, -val, None, m, sem, scope), 0)
     return _atomic(ADD, _translate(ptr, from_rank, to_rank, heap_bases, hint), -val, None, mask, sem, scope)
 
 
@@ -51,7 +62,11 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     cmp: the expected values; ptr, from_rank, to_rank, heap_bases, sem, scope, hint: as in the module
     docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(CAS, ptr, val, cmp, from_rank, to_rank, heap_bases, None, sem, scope, hint)
+        return _indirect.atomic(CAS, ptr, val, cmp, from_rank, to_rank, heap_bases, None, sem, scope, hint,
+                                _f.ATOMIC_CAS)
+    if RANK_CHECK:  # compare-and-swap has no mask: a refused lane swaps cmp for cmp in the caller's memory
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, None, _f.ATOMIC_CAS, hint)
+        return tl.where(m, _atomic(CAS, p, tl.where(m, val, cmp), cmp, None, sem, scope), 0)
     return _atomic(CAS, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, None, sem, scope)
 
 
@@ -61,7 +76,11 @@ def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.con
     """Atomically stores val at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(XCHG, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(XCHG, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_XCHG)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_XCHG, hint)
+        return tl.where(m, _atomic(XCHG, p, val, None, m, sem, scope), 0)
     return _atomic(XCHG, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
@@ -71,7 +90,11 @@ def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     """Atomically ands val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(AND, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(AND, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_AND)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_AND, hint)
+        return tl.where(m, _atomic(AND, p, val, None, m, sem, scope), 0)
     return _atomic(AND, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
@@ -81,7 +104,11 @@ def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.const
     """Atomically ors val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(OR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(OR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_OR)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_OR, hint)
+        return tl.where(m, _atomic(OR, p, val, None, m, sem, scope), 0)
     return _atomic(OR, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
@@ -91,7 +118,11 @@ def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     """Atomically xors val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(XOR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(XOR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_XOR)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_XOR, hint)
+        return tl.where(m, _atomic(XOR, p, val, None, m, sem, scope), 0)
     return _atomic(XOR, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
@@ -101,7 +132,11 @@ def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     """Atomically stores min(old, val) at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(MIN, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(MIN, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_MIN)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_MIN, hint)
+        return tl.where(m, _atomic(MIN, p, val, None, m, sem, scope), 0)
     return _atomic(MIN, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
 
 
@@ -111,5 +146,9 @@ def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
     """Atomically stores max(old, val) at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
     if INDIRECT_PEERS:
-        return _indirect.atomic(MAX, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint)
+        return _indirect.atomic(MAX, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
+                                _f.ATOMIC_MAX)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_MAX, hint)
+        return tl.where(m, _atomic(MAX, p, val, None, m, sem, scope), 0)
     return _atomic(MAX, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)

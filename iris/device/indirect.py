@@ -14,6 +14,8 @@ source and destination each one run: only the mask is tested (nothing without on
 holding element 0 hands the first addresses to the call through shared memory. Atomics are issued
 one element at a time from thread 0 (a tile loops over its elements): NVSHMEM has no float add, min
 or max, which loop on compare-and-swap.
+A rank outside [0, world) is never far (far() does not read its entry): the near path refuses it as rma
+does. Polls of an indirect flag give up after the heap's spin limit, as near._spin's do.
 Ordering: sem release/acq_rel (the default) completes the program's earlier NVSHMEM operations
 before the atomic (every thread calls nvshmem_quiet, and thread 0 issues the atomic only after a
 barrier of the program's threads); NVSHMEM's fetching atomics complete before they return.
@@ -21,16 +23,24 @@ barrier of the program's threads); NVSHMEM's fetching atomics complete before th
 import triton
 import triton.language as tl
 
+from . import faults as _f
 from . import nvshmem as nv
-from .near import ADD, CAS, MAX, MIN, XCHG, _atomic, _load, _spin, _unmet
+from .near import ADD, CAS, MAX, MIN, XCHG, _atomic, _load, _relax, _spin, _unmet
 from .near import INDIRECT_PEERS, use_indirect_peers  # noqa: F401 (the context's names for the switch)
-from .translate import _translate
+from .translate import RANK_CHECK, _reach, _translate
 
 
 @triton.jit
 def far(heap_bases, rank):
-    """Whether rank is reached through NVSHMEM (its heap_bases entry is 0)."""
-    return tl.load(heap_bases + rank) == 0
+    """Whether rank is reached through NVSHMEM (its heap_bases entry is 0). Where RANK_CHECK is on, a rank
+    outside [0, world) is not (its entry is not read): the near path then refuses it (translate._reach)."""
+    if RANK_CHECK:
+        inside = tl.cast(rank, tl.int64).to(tl.uint64, bitcast=True) < \
+            tl.load(heap_bases + _f.WORLD_AT).to(tl.uint64, bitcast=True)
+        out = tl.load(heap_bases + rank, mask=inside, other=1) == 0
+    else:
+        out = tl.load(heap_bases + rank) == 0
+    return out
 
 
 @triton.jit
@@ -167,8 +177,12 @@ def load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier: tl.co
     if far(heap_bases, from_rank):
         out = _load_far(ptr, from_rank, mask, other)
     else:
-        out = _load(_translate(ptr, to_rank, from_rank, heap_bases, hint), mask, other,
-                         cache_modifier, volatile, eviction_policy)
+        if RANK_CHECK:
+            p, m = _reach(ptr, to_rank, from_rank, heap_bases, mask, _f.LOAD, hint)
+            out = _load(p, m, other, cache_modifier, volatile, eviction_policy)
+        else:
+            out = _load(_translate(ptr, to_rank, from_rank, heap_bases, hint), mask, other, cache_modifier, volatile,
+                        eviction_policy)
     return out
 
 
@@ -179,8 +193,12 @@ def store(ptr, value, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, 
     if far(heap_bases, to_rank):
         _store_far(ptr, value, to_rank, mask)
     else:
-        tl.store(_translate(ptr, from_rank, to_rank, heap_bases, hint), value, mask=mask,
-                 cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+        if RANK_CHECK:
+            p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.STORE, hint)
+            tl.store(p, value, mask=m, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+        else:
+            tl.store(_translate(ptr, from_rank, to_rank, heap_bases, hint), value, mask=mask,
+                     cache_modifier=cache_modifier, eviction_policy=eviction_policy)
 
 
 @triton.jit
@@ -190,9 +208,14 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cach
     if far(heap_bases, from_rank):
         _move_far(from_ptr, to_ptr, from_rank, mask, other, hint, False)
     else:
-        data = tl.load(_translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask,
-                       other=other, cache_modifier=load_cache_modifier)
-        tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
+        if RANK_CHECK:
+            p, m = _reach(from_ptr, to_rank, from_rank, heap_bases, mask, _f.GET, hint)
+            tl.store(to_ptr, tl.load(p, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
+                     cache_modifier=store_cache_modifier)
+        else:
+            data = tl.load(_translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask,
+                           other=other, cache_modifier=load_cache_modifier)
+            tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -202,9 +225,14 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cach
     if far(heap_bases, to_rank):
         _move_far(from_ptr, to_ptr, to_rank, mask, other, hint, True)
     else:
-        data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
-        tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
-                 cache_modifier=store_cache_modifier)
+        if RANK_CHECK:
+            p, m = _reach(to_ptr, from_rank, to_rank, heap_bases, mask, _f.PUT, hint)
+            tl.store(p, tl.load(from_ptr, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
+                     cache_modifier=store_cache_modifier)
+        else:
+            data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+            tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
+                     cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -217,6 +245,17 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other
         _move_far(src_ptr, dst_ptr, from_rank, mask, other, hint, False)
     elif dst_far & (from_rank == cur_rank):
         _move_far(src_ptr, dst_ptr, to_rank, mask, other, hint, True)
+    elif RANK_CHECK:  # a far side's translation is made and not used: its base is 0, the caller's is not
+        src, m = _reach(src_ptr, cur_rank, from_rank, heap_bases, mask, _f.COPY, hint)
+        dst, m = _reach(dst_ptr, cur_rank, to_rank, heap_bases, m, _f.COPY, hint)
+        if src_far:
+            data = _load_far(src_ptr, from_rank, m, other)
+        else:
+            data = tl.load(src, mask=m, other=other, cache_modifier=load_cache_modifier)
+        if dst_far:
+            _store_far(dst_ptr, data, to_rank, m)
+        else:
+            tl.store(dst, data, mask=m, cache_modifier=store_cache_modifier)
     else:
         if src_far:
             data = _load_far(src_ptr, from_rank, mask, other)
@@ -315,14 +354,21 @@ def _atomic_far(OP: tl.constexpr, ptr, val, cmp, pe, mask, sem: tl.constexpr):
 
 @triton.jit
 def atomic(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem: tl.constexpr,
-           scope: tl.constexpr, hint: tl.constexpr):
+           scope: tl.constexpr, hint: tl.constexpr, WHAT: tl.constexpr):
     """The atomics of iris.device.atomics (OP: ADD .. MAX; cmp for CAS), with to_rank reached
-    through NVSHMEM where it is indirect."""
+    through NVSHMEM where it is indirect. WHAT: the calling function, for the fault record."""
     if far(heap_bases, to_rank):
         out = _atomic_far(OP, ptr, val, cmp, to_rank, mask, sem)
     else:
-        p = _translate(ptr, from_rank, to_rank, heap_bases, hint)
-        out = _atomic(OP, p, val, cmp, mask, sem, scope).to(ptr.dtype.element_ty)  # cas: val's type
+        if RANK_CHECK:
+            p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT, hint)
+            if OP == CAS:  # no mask: a refused lane swaps cmp for cmp in the caller's memory
+                out = tl.where(m, _atomic(CAS, p, tl.where(m, val, cmp), cmp, None, sem, scope), 0)
+            else:
+                out = tl.where(m, _atomic(OP, p, val, cmp, m, sem, scope), 0)
+        else:
+            out = _atomic(OP, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, mask, sem, scope)
+        out = out.to(ptr.dtype.element_ty)  # cas: val's type
     return out
 
 
@@ -331,9 +377,9 @@ def signal(flag_ptr, value, from_rank, to_rank, heap_bases, ADD_IT: tl.constexpr
            scope: tl.constexpr):
     """sync.signal (ADD_IT: op="add", else set), with to_rank reached through NVSHMEM where indirect."""
     if ADD_IT:
-        out = atomic(ADD, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None)
+        out = atomic(ADD, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None, _f.SIGNAL)
     else:
-        out = atomic(XCHG, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None)
+        out = atomic(XCHG, flag_ptr, value, None, from_rank, to_rank, heap_bases, None, sem, scope, None, _f.SIGNAL)
     return out
 
 
@@ -342,21 +388,37 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP: tl.constexpr, sem
          scope: tl.constexpr):
     """sync.wait, polling through NVSHMEM where to_rank is indirect."""
     if far(heap_bases, to_rank):
-        cur = wait_far(flag_ptr, value, to_rank, CMP)
+        cur = wait_far(flag_ptr, value, to_rank, CMP, heap_bases, from_rank)
     else:
-        cur = _spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, sem, scope)
+        if RANK_CHECK:
+            p, m = _reach(flag_ptr, from_rank, to_rank, heap_bases, None, _f.WAIT_FN)
+            cur = _spin(p, value, CMP, sem, scope, heap_bases, flag_ptr, from_rank, to_rank, _f.WAIT_FN, m)
+        else:
+            cur = _spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, sem, scope, heap_bases,
+                        flag_ptr, from_rank, to_rank, _f.WAIT_FN, None)
     return cur
 
 
 @triton.jit
-def wait_far(flag_ptr, value, pe, CMP: tl.constexpr):
-    """Polls the flag at flag_ptr on PE pe until it compares CMP to value; returns it."""
+def wait_far(flag_ptr, value, pe, CMP: tl.constexpr, heap_bases, rank):
+    """Polls the flag at flag_ptr on PE pe until it compares CMP to value, or until the spin limit runs
+    out (noted in the fault record, as near._spin does); returns the last value read."""
     dtype: tl.constexpr = flag_ptr.dtype.element_ty
     zero = _bits(tl.zeros([], dtype))
     pe32 = tl.cast(pe, tl.int32)
+    limit = _f._spin_limit(heap_bases)
     cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
-    while _unmet(cur, value, CMP):
+    go = _unmet(cur, value, CMP)
+    polls = 1
+    while go:  # a scalar loop-carried condition
+        _relax()
         cur = _amo1(nv.AMO_FETCH, flag_ptr.to(tl.int64), zero, zero, pe32).to(dtype, bitcast=True)
+        go = _unmet(cur, value, CMP)
+        polls += 1
+        stop = go & (limit != 0) & (polls >= limit)
+        if stop:
+            _f._gave_up(heap_bases, _f.WAIT_FN, flag_ptr, rank, pe, -1, value, cur, CMP)
+        go = go & (stop == 0)
     return cur
 
 

@@ -7,6 +7,8 @@ What matters:
   IRIS_INDIRECT_PEERS when iris is imported, and use_indirect_peers() turns it on when the context's
   heap has an indirect peer. Set it before the first kernel compiles: Triton compares a kernel's
   globals at each launch and refuses one compiled under the other value.
+- _spin is the one poll loop of iris.wait (near and NVSHMEM paths alike bound it the same way): it gives
+  up after the spin limit of the heap's tables and notes the wait in the fault record (faults.py).
 - _atomic is the one definition of the nine atomics on a mapped pointer: the public atomics (and the
   DeviceContext methods through them), Gluon's IrisDeviceCtx (the same body compiled by gluon.jit)
   and the indirect path's direct side all call it. Each device-function call costs the Triton
@@ -20,6 +22,7 @@ import triton.language as tl
 
 from .. import settings
 from . import nvshmem as nv
+from .faults import _gave_up, _spin_limit
 
 INDIRECT_PEERS: tl.constexpr = tl.constexpr(bool(settings.INDIRECT_PEERS.get()))
 # atomic operations: NVSHMEM's codes where it has the operation (the far path hands them on), then the two it lacks
@@ -106,10 +109,27 @@ else:
 
 
 @triton.jit
-def _spin(p, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr):
-    """Polls the flag at p (this process's mapping) until it compares CMP to value; returns it."""
-    cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
-    while _unmet(cur, value, CMP):
+def _spin(p, value, CMP: tl.constexpr, SEM: tl.constexpr, SCOPE: tl.constexpr, heap_bases, flag, rank, flag_rank,
+          WHAT: tl.constexpr, ok):
+    """Polls the flag at p (this process's mapping) until it compares CMP to value, or until the spin limit
+    (faults._spin_limit) runs out: then WHAT's wait is noted in the fault record (flag: the pointer in
+    rank's view, on flag_rank) and the loop ends. Returns the last value read. ok: _reach's mask, whether
+    the ranks were in range (False: no poll, no wait; None: not checked)."""
+    limit = _spin_limit(heap_bases)
+    if ok is None:
+        cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
+        go = _unmet(cur, value, CMP)
+    else:
+        cur = tl.where(ok, tl.atomic_add(p, 0, mask=ok, sem=SEM, scope=SCOPE), 0)
+        go = _unmet(cur, value, CMP) & ok
+    polls = 1
+    while go:  # a scalar loop-carried condition
         _relax()
         cur = tl.atomic_add(p, 0, sem=SEM, scope=SCOPE)
+        go = _unmet(cur, value, CMP)
+        polls += 1
+        stop = go & (limit != 0) & (polls >= limit)
+        if stop:
+            _gave_up(heap_bases, WHAT, flag, rank, flag_rank, -1, value, cur, CMP)
+        go = go & (stop == 0)
     return cur

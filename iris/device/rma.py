@@ -5,13 +5,16 @@ function, and the names say where data flows (from_rank: the rank read, to_rank:
 A heap pointer is always valid in the caller's view; the function translates it to the rank whose
 memory it touches. Masked-out lanes touch no memory. Cache modifiers and eviction policies go to
 tl.load/tl.store unchanged (None: Triton's default); parameters iris adds come after Iris's.
+A rank outside [0, world) is refused (translate.py, IRIS_RANK_CHECK): no memory is touched for it,
+a load reads `other` (or 0), and the host raises DeviceCheckError at its next ctx.barrier().
 """
 import triton
 import triton.language as tl
 
 from . import indirect as _indirect
+from .faults import COPY, GET, LOAD, PUT, STORE
 from .near import INDIRECT_PEERS, _load
-from .translate import _translate
+from .translate import RANK_CHECK, _reach, _translate
 
 
 @triton.jit
@@ -29,6 +32,9 @@ def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modif
     if INDIRECT_PEERS:
         return _indirect.load(ptr, to_rank, from_rank, heap_bases, mask, other, cache_modifier, volatile, hint,
                               eviction_policy)
+    if RANK_CHECK:
+        p, m = _reach(ptr, to_rank, from_rank, heap_bases, mask, LOAD, hint)
+        return _load(p, m, other, cache_modifier, volatile, eviction_policy)
     p = _translate(ptr, to_rank, from_rank, heap_bases, hint)
     return _load(p, mask, other, cache_modifier, volatile, eviction_policy)
 
@@ -44,8 +50,12 @@ def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.conste
     """
     if INDIRECT_PEERS:
         return _indirect.store(ptr, value, from_rank, to_rank, heap_bases, mask, hint, cache_modifier, eviction_policy)
-    p = _translate(ptr, from_rank, to_rank, heap_bases, hint)
-    tl.store(p, value, mask=mask, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, STORE, hint)
+        tl.store(p, value, mask=m, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
+    else:
+        p = _translate(ptr, from_rank, to_rank, heap_bases, hint)
+        tl.store(p, value, mask=mask, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
 
 
 @triton.jit
@@ -65,9 +75,14 @@ def get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask=None, other=None,
     if INDIRECT_PEERS:
         return _indirect.get(from_ptr, to_ptr, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier,
                              store_cache_modifier, hint)
-    data = tl.load(_translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask, other=other,
-                   cache_modifier=load_cache_modifier)
-    tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
+    if RANK_CHECK:
+        p, m = _reach(from_ptr, to_rank, from_rank, heap_bases, mask, GET, hint)
+        tl.store(to_ptr, tl.load(p, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
+                 cache_modifier=store_cache_modifier)
+    else:
+        data = tl.load(_translate(from_ptr, to_rank, from_rank, heap_bases, hint), mask=mask, other=other,
+                       cache_modifier=load_cache_modifier)
+        tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -82,9 +97,14 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
     if INDIRECT_PEERS:
         return _indirect.put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
                              store_cache_modifier, hint)
-    data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
-    tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
-             cache_modifier=store_cache_modifier)
+    if RANK_CHECK:
+        p, m = _reach(to_ptr, from_rank, to_rank, heap_bases, mask, PUT, hint)
+        tl.store(p, tl.load(from_ptr, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
+                 cache_modifier=store_cache_modifier)
+    else:
+        data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+        tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
+                 cache_modifier=store_cache_modifier)
 
 
 @triton.jit
@@ -99,7 +119,13 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
     if INDIRECT_PEERS:
         return _indirect.copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask, other,
                               load_cache_modifier, store_cache_modifier, hint)
-    data = tl.load(_translate(src_ptr, cur_rank, from_rank, heap_bases, hint), mask=mask, other=other,
-                   cache_modifier=load_cache_modifier)
-    tl.store(_translate(dst_ptr, cur_rank, to_rank, heap_bases, hint), data, mask=mask,
-             cache_modifier=store_cache_modifier)
+    if RANK_CHECK:
+        src, m = _reach(src_ptr, cur_rank, from_rank, heap_bases, mask, COPY, hint)
+        dst, m = _reach(dst_ptr, cur_rank, to_rank, heap_bases, m, COPY, hint)
+        tl.store(dst, tl.load(src, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
+                 cache_modifier=store_cache_modifier)
+    else:
+        data = tl.load(_translate(src_ptr, cur_rank, from_rank, heap_bases, hint), mask=mask, other=other,
+                       cache_modifier=load_cache_modifier)
+        tl.store(_translate(dst_ptr, cur_rank, to_rank, heap_bases, hint), data, mask=mask,
+                 cache_modifier=store_cache_modifier)

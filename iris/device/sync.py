@@ -1,10 +1,16 @@
-"""Synchronization between ranks inside kernels: signal/wait on flags, and the device barrier."""
+"""Synchronization between ranks inside kernels: signal/wait on flags, and the device barrier.
+
+Every wait here is bounded by the spin limit the heap's tables carry (IRIS_SPIN_LIMIT when the context
+was made; 0: for ever): a wait that runs out notes itself in the fault record (faults.py) and returns,
+the kernel finishes, and the host raises WaitTimeout at its next ctx.barrier().
+"""
 import triton
 import triton.language as tl
 
 from . import indirect as _indirect
+from .faults import DEVICE_BARRIER, SIGNAL, WAIT_FN, _gave_up, _spin_limit
 from .near import INDIRECT_PEERS, _relax, _spin
-from .translate import _translate
+from .translate import RANK_CHECK, _reach, _translate
 
 
 @triton.jit
@@ -26,11 +32,18 @@ def signal(flag_ptr, value, from_rank, to_rank, heap_bases, op: tl.constexpr = N
     tl.static_assert(op is None or op == "set" or op == "add", "op must be 'set' or 'add'")
     if INDIRECT_PEERS:
         return _indirect.signal(flag_ptr, value, from_rank, to_rank, heap_bases, op == "add", SEM, SCOPE)
-    p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
-    if op == "add":
-        old = tl.atomic_add(p, value, sem=SEM, scope=SCOPE)
+    if RANK_CHECK:
+        p, m = _reach(flag_ptr, from_rank, to_rank, heap_bases, None, SIGNAL)
+        if op == "add":
+            old = tl.where(m, tl.atomic_add(p, value, mask=m, sem=SEM, scope=SCOPE), 0)
+        else:
+            old = tl.where(m, tl.atomic_xchg(p, value, mask=m, sem=SEM, scope=SCOPE), 0)
     else:
-        old = tl.atomic_xchg(p, value, sem=SEM, scope=SCOPE)
+        p = _translate(flag_ptr, from_rank, to_rank, heap_bases)
+        if op == "add":
+            old = tl.atomic_add(p, value, sem=SEM, scope=SCOPE)
+        else:
+            old = tl.atomic_xchg(p, value, sem=SEM, scope=SCOPE)
     return old
 
 
@@ -38,6 +51,8 @@ def signal(flag_ptr, value, from_rank, to_rank, heap_bases, op: tl.constexpr = N
 def wait(flag_ptr, value, from_rank, to_rank, heap_bases, cmp: tl.constexpr = None, sem: tl.constexpr = None,
          scope: tl.constexpr = None):
     """Spins until `flag cmp value` holds for the flag at flag_ptr on to_rank; returns the flag's value.
+    Gives up after the spin limit's polls (IRIS_SPIN_LIMIT when the context was made; 0: never): then it
+    returns the last value read and the host raises WaitTimeout at its next ctx.barrier().
 
     flag_ptr: one int32/int64 flag, valid in from_rank's (the caller's) view; from_rank: the
     caller; to_rank: the rank whose flag is read (normally the caller); heap_bases:
@@ -53,7 +68,11 @@ def wait(flag_ptr, value, from_rank, to_rank, heap_bases, cmp: tl.constexpr = No
     SCOPE: tl.constexpr = "sys" if scope is None else scope
     if INDIRECT_PEERS:
         return _indirect.wait(flag_ptr, value, from_rank, to_rank, heap_bases, CMP, SEM, SCOPE)
-    return _spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, SEM, SCOPE)
+    if RANK_CHECK:
+        p, m = _reach(flag_ptr, from_rank, to_rank, heap_bases, None, WAIT_FN)
+        return _spin(p, value, CMP, SEM, SCOPE, heap_bases, flag_ptr, from_rank, to_rank, WAIT_FN, m)
+    return _spin(_translate(flag_ptr, from_rank, to_rank, heap_bases), value, CMP, SEM, SCOPE, heap_bases, flag_ptr,
+                 from_rank, to_rank, WAIT_FN, None)
 
 
 @triton.jit
@@ -66,7 +85,8 @@ def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
         of ranks; heap_bases: ctx.get_heap_bases(); BLOCK: a power of two >= world.
     Each rank writes its new epoch into every rank's flags[rank] with release at "sys" scope,
     then spins with acquire until every entry of its own flags reaches that epoch: writes made
-    before the barrier on any rank are visible after it on all.
+    before the barrier on any rank are visible after it on all. Gives up after the spin limit's polls
+    (noting the first late rank for the host's WaitTimeout); the barrier then orders nothing.
     """
     epoch = tl.load(flags + world) + 1
     tl.debug_barrier()  # every warp has read the count before one thread overwrites it
@@ -78,9 +98,18 @@ def barrier_kernel(flags, rank, world, heap_bases, BLOCK: tl.constexpr):
     else:
         slots = _translate(flags + rank, rank, tl.where(live, peers, rank), heap_bases)
         tl.atomic_xchg(slots, tl.zeros([BLOCK], tl.int64) + epoch, mask=live, sem="release", scope="sys")
+    limit = _spin_limit(heap_bases)
     pending = 1
+    polls = 0
     while pending > 0:  # a scalar loop-carried value: Triton 3.6 mis-compiles a block one here
         seen = tl.atomic_add(flags + peers, 0, mask=live, sem="acquire", scope="sys")
-        pending = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
+        short = live & (seen < epoch)
+        pending = tl.sum(short.to(tl.int32), axis=0)
         if pending > 0:
             _relax()
+        polls += 1
+        if (pending > 0) & (limit != 0) & (polls >= limit):
+            late = tl.min(tl.where(short, peers, BLOCK), axis=0)
+            _gave_up(heap_bases, DEVICE_BARRIER, flags + late, rank, rank, late, epoch,
+                     tl.sum(tl.where(peers == late, seen, 0), axis=0), "ge")
+            pending = 0

@@ -24,7 +24,9 @@ What each rank must have done before the call, and what holds after it:
   are complete after every rank's kernel has finished (a barrier).
 Sums are taken in rank order 0..world-1 in float32 for float16/bfloat16 (integers and float32 in
 their own type), this rank's term as the src dtype its peers read, so every rank gets the same bits;
-atomic and spinlock add in arrival order.
+atomic and spinlock add in arrival order. Every wait (a peer's lock reading 1, a lock to take) is
+bounded by the heap's spin limit (IRIS_SPIN_LIMIT): one that runs out is noted in the fault record,
+the kernel goes on without that peer's part, and the host raises WaitTimeout at its next barrier.
 
 The same bodies serve Triton's DeviceContext (rank and world constexprs: the loops over ranks unroll)
 and Gluon's IrisDeviceCtx (rank and world read from the context tensor when the kernel runs: the
@@ -40,6 +42,7 @@ import triton.language as tl
 
 from .aggregate import aggregate
 from .atomics import atomic_add, atomic_cas, atomic_xchg
+from .faults import TILE_LOCK, _gave_up, _spin_limit
 from .near import _relax
 from .rma import load, store
 from .sync import wait
@@ -127,15 +130,26 @@ def _into(ctx, OP: tl.constexpr, r, ptrs, data, mask, locks, tile_id):
     if OP == "add":
         atomic_add(ptrs, data, ctx.rank, r, ctx.heap_bases, mask=mask, sem="relaxed", scope="sys")
     elif OP == "locked_add":
+        limit = _spin_limit(ctx.heap_bases)
         held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
-        while held != 0:
+        go = held != 0
+        polls = 1
+        while go:  # a scalar loop-carried condition
             _relax()
             held = atomic_cas(locks + tile_id, 0, 1, ctx.rank, r, ctx.heap_bases, "acquire", "sys")
-        tl.debug_barrier()  # the whole program reads after the lock is taken ...
-        cur = load(ptrs, ctx.rank, r, ctx.heap_bases, mask=mask, other=0)
-        store(ptrs, (_widen(cur) + _widen(data)).to(ptrs.dtype.element_ty), ctx.rank, r, ctx.heap_bases, mask=mask)
-        tl.debug_barrier()  # ... and has written before it is released
-        atomic_xchg(locks + tile_id, 0, ctx.rank, r, ctx.heap_bases, sem="release", scope="sys")
+            go = held != 0
+            polls += 1
+            stop = go & (limit != 0) & (polls >= limit)
+            if stop:  # the lock was never free within the spin limit: noted, and this rank's add is skipped
+                _gave_up(ctx.heap_bases, TILE_LOCK, locks + tile_id, ctx.rank, r, -1, 0, held, "eq")
+            go = go & (stop == 0)
+        if held == 0:
+            tl.debug_barrier()  # the whole program reads after the lock is taken ...
+            cur = load(ptrs, ctx.rank, r, ctx.heap_bases, mask=mask, other=0)
+            store(ptrs, (_widen(cur) + _widen(data)).to(ptrs.dtype.element_ty), ctx.rank, r, ctx.heap_bases,
+                  mask=mask)
+            tl.debug_barrier()  # ... and has written before it is released
+            atomic_xchg(locks + tile_id, 0, ctx.rank, r, ctx.heap_bases, sem="release", scope="sys")
     else:
         store(ptrs, data, ctx.rank, r, ctx.heap_bases, mask=mask)
 

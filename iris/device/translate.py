@@ -1,10 +1,14 @@
-"""Pointer translation between the ranks' mappings of the symmetric heap, and its debug checks.
+"""Pointer translation between the ranks' mappings of the symmetric heap, and its checks.
 
-IRIS_DEBUG=1 (read when iris is imported) compiles a check into every device function: the ranks
-lie in [0, world) and the pointer lies inside the caller's heap. Off by default, and then the check
-is not in the compiled kernel at all (DEBUG is a constexpr). The kernel learns world and the heap
-size from hidden int64 entries just before heap_bases[0] (see bases_table), so no device function's
-signature changes; pass ctx.get_heap_bases() or ctx.get_device_context() itself, not a copy.
+Every device function that takes a rank refuses one outside [0, world) (IRIS_RANK_CHECK, on by
+default; read when iris is imported): _reach masks the access (a load reads `other`, or 0; nothing is
+written) and notes the first refusal in the fault record (faults.py) in a cold branch, for the host to
+raise. The check costs a compare per rank and a predicate per access. IRIS_DEBUG=1 (also read at
+import) compiles a fuller check into every device function: the ranks lie in [0, world) and the
+pointer lies inside the caller's heap, raised in the kernel (an error under the interpreter, a trap on
+GPUs). The kernel learns world, the heap size and where the record is from hidden int64 entries just
+before heap_bases[0] (see bases_table), so no device function's signature changes; pass
+ctx.get_heap_bases() or ctx.get_device_context() itself, not a copy.
 """
 import os
 
@@ -15,27 +19,31 @@ import triton.language as tl
 
 from .. import settings
 from ..errors import DeviceCheckError
+from .faults import HIDDEN, MAGIC, MAGIC_AT, RANK, WORLD_AT, _note
 
 DEBUG: tl.constexpr = tl.constexpr(settings.DEBUG.get())
+RANK_CHECK: tl.constexpr = tl.constexpr(settings.RANK_CHECK.get())
 _INTERPRETED: tl.constexpr = tl.constexpr(settings.INTERPRET.get())
-MAGIC: tl.constexpr = tl.constexpr(0x1215DEB6)
-HIDDEN = 4  # MAGIC, heap size, rank, world: at heap_bases[-4] .. [-1]
 if DEBUG:  # device_assert is compiled in only when Triton debugs; it reads TRITON_DEBUG once, at import
     os.environ.setdefault("TRITON_DEBUG", "1")
     if getattr(getattr(triton, "knobs", None), "runtime", None) is not None:
         triton.knobs.runtime.debug = True
 
 
-def bases_table(bases, size: int, rank: int, device, tail=()) -> torch.Tensor:
-    """[MAGIC, size, rank, world, base_0, ..., base_{world-1}, *tail]. Sliced at HIDDEN it is
+def bases_table(bases, size: int, rank: int, device, tail=(), record: int = 0, spin=None) -> torch.Tensor:
+    """[record, spin, MAGIC, size, rank, world, base_0, ..., base_{world-1}, *tail]. Sliced at HIDDEN it is
     heap_bases as kernels get it; sliced at HIDDEN - 2 it is a DeviceContext's tensor ([rank, world,
-    bases..., tail]), whose heap_bases then has the same hidden entries before it."""
-    return torch.tensor([MAGIC.value, size, rank, len(bases), *bases, *tail], dtype=torch.int64, device=device)
+    bases..., tail]), whose heap_bases then has the same hidden entries before it. record: the address
+    of the heap's fault record (0: none); spin: the most polls of a device function's wait (None:
+    IRIS_SPIN_LIMIT now; 0: for ever)."""
+    spin = settings.SPIN_LIMIT.get() if spin is None else spin
+    hidden = [record, min(spin, (1 << 31) - 1), MAGIC.value, size, rank, len(bases)]
+    return torch.tensor([*hidden, *bases, *tail], dtype=torch.int64, device=device)
 
 
-def bases_tensor(bases, size: int, rank: int, device) -> torch.Tensor:
+def bases_tensor(bases, size: int, rank: int, device, record: int = 0, spin=None) -> torch.Tensor:
     """heap_bases as kernels get it: one int64 per rank, preceded in memory by the hidden entries."""
-    return bases_table(bases, size, rank, device)[HIDDEN:]
+    return bases_table(bases, size, rank, device, record=record, spin=spin)[HIDDEN:]
 
 
 @triton.jit
@@ -51,9 +59,10 @@ def _fail_unless(ok, msg: tl.constexpr):
 def _check(ptr, from_rank, to_rank, heap_bases):
     """Debug mode: the ranks are in [0, world) and every pointer's element lies in from_rank's heap."""
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
-    _fail_unless(tl.load(heap_bases - 4) == MAGIC, "iris debug: heap_bases is not ctx.get_heap_bases() (a copy?)")
+    _fail_unless(tl.load(heap_bases + MAGIC_AT) == MAGIC,
+                 "iris debug: heap_bases is not ctx.get_heap_bases() (a copy?)")
     size = tl.load(heap_bases - 3)
-    world = tl.load(heap_bases - 1)
+    world = tl.load(heap_bases + WORLD_AT)
     ranks_ok = (from_rank >= 0) & (from_rank < world) & (to_rank >= 0) & (to_rank < world)
     ranks_ok = tl.min((ranks_ok | tl.full([1], 0, tl.int1)).to(tl.int32), axis=None)
     if _INTERPRETED:  # plain Python here: one error that names the values
@@ -114,6 +123,7 @@ def _translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
     # telling the compiler the offset is a multiple of 16 bytes keeps 128-bit accesses. hint (rma's)
     # goes on the pointer made here: Triton keeps tl.multiple_of/max_contiguous only on a value that
     # an operation of the same function produced, and drops it on an argument of an inlined function.
+    # For ranks the caller knows are in range (iris's own kernels); device functions use _reach.
     if DEBUG:
         _check(ptr, from_rank, to_rank, heap_bases)
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # int1 is stored in a byte
@@ -126,6 +136,59 @@ def _translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
     if hint is not None:
         out = tl.max_contiguous(tl.multiple_of(out, hint), hint)
     return out
+
+
+@triton.jit
+def _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT: tl.constexpr, hint: tl.constexpr = None):
+    """(ptr translated from from_rank's view to to_rank's memory, the mask of the access): _translate
+    with RANK_CHECK's refusal (call it only where RANK_CHECK is on). A lane whose ranks are outside
+    [0, world) is masked out (it reads rank 0's base for both ranks, so it stays at ptr, the caller's
+    own memory, which a compare-and-swap then leaves as it is), and the first refusal is noted in the fault record as
+    WHAT's. A table without iris's hidden entries (a copy) has no world to check against: every lane
+    passes, as with the check off. One function, not several: each call of a device function costs the
+    interpreter a patch of triton.language."""
+    if DEBUG:
+        _check(ptr, from_rank, to_rank, heap_bases)
+    ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
+    world = tl.load(heap_bases + WORLD_AT).to(tl.uint64, bitcast=True)
+    # one unsigned compare per rank: a negative rank is a huge unsigned one
+    ok = (tl.cast(from_rank, tl.int64).to(tl.uint64, bitcast=True) < world) & \
+        (tl.cast(to_rank, tl.int64).to(tl.uint64, bitcast=True) < world)
+    if len(ok.shape) == 0:
+        if ok == 0:  # cold: a refusal
+            ours = tl.load(heap_bases + MAGIC_AT) == MAGIC
+            if ours:
+                _note(heap_bases, RANK, WHAT, from_rank, to_rank, world, 0, 0, 0, 0)
+            ok = ok | (ours == 0)
+    else:
+        ok = _refuse_lanes(ok, from_rank, to_rank, heap_bases, WHAT)
+    delta = tl.load(heap_bases + tl.where(ok, to_rank, 0)) - tl.load(heap_bases + tl.where(ok, from_rank, 0))
+    if ELEM > 1:
+        delta = delta // ELEM
+    if len(delta.shape) == 0:
+        delta = tl.multiple_of(delta, 16 // ELEM)
+    out = ptr + delta
+    if hint is not None:
+        out = tl.max_contiguous(tl.multiple_of(out, hint), hint)
+    if mask is not None:
+        ok = mask & ok
+    if _INTERPRETED:  # the interpreter splats a scalar comparison in its operands' dtype, which masks refuse
+        ok = (tl.zeros(ptr.shape, tl.int32) + ok.to(tl.int32)) != 0
+    return out, ok
+
+
+@triton.jit
+def _refuse_lanes(ok, from_rank, to_rank, heap_bases, WHAT: tl.constexpr):
+    """_reach's refusal for blocks of ranks: one reduction says whether any lane is refused; the lowest
+    refused ranks are noted."""
+    if tl.max((ok == 0).to(tl.int32), axis=None) != 0:
+        ours = tl.load(heap_bases + MAGIC_AT) == MAGIC
+        if ours:
+            big = tl.full([], 1 << 62, tl.int64)
+            _note(heap_bases, RANK, WHAT, tl.min(tl.where(ok, big, from_rank), axis=None),
+                  tl.min(tl.where(ok, big, to_rank), axis=None), tl.load(heap_bases + WORLD_AT), 0, 0, 0, 0)
+        ok = (ok.to(tl.int32) | (ours == 0).to(tl.int32)) != 0  # in int32: the interpreter's mixed dtypes
+    return ok
 
 
 @triton.jit

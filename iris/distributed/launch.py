@@ -114,10 +114,9 @@ RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_scr
 # Signals that a rank of an iris program takes, most often, from a device function that reached
 # memory outside the heap (SIGABRT: the C library finding its own memory overwritten).
 _MEMORY_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT}
-CRASH_HINT = ("in iris that is most often a device function reaching outside the heap: a rank outside "
-              "[0, world) (to_rank == world?) or a pointer into a tensor that is not on the heap (torch.zeros "
-              "where ctx.zeros was meant); rerun with IRIS_DEBUG=1, which checks every device function's ranks "
-              "and pointers")
+CRASH_HINT = ("in iris that is most often a device function reaching outside the heap: a pointer into a tensor "
+              "that is not on the heap (torch.zeros where ctx.zeros was meant), or a rank outside [0, world) with "
+              "IRIS_RANK_CHECK=0; rerun with IRIS_DEBUG=1, which checks every device function's ranks and pointers")
 
 
 def _ranks_text(ranks) -> str:

@@ -51,10 +51,11 @@ class SymmetricAddressMap:
 
 
 def address_map(bases: Sequence[int], rank: int, world: int, base: int, nbytes: int, device,
-                direct: Optional[Sequence[bool]] = None) -> SymmetricAddressMap:
+                direct: Optional[Sequence[bool]] = None, table=None) -> SymmetricAddressMap:
     """The map of the allocation [base, base + nbytes) on this rank, from bases (entry r: where rank
     r's copy is mapped here, 0 where it is not). direct defaults to `entry != 0`; a peer said to be
-    direct with entry 0 raises. Checked before any kernel can use the table."""
+    direct with entry 0 raises. Checked before any kernel can use the table. table(bases, nbytes): the
+    heap's table maker (its fault record and spin limit in the hidden entries); None: no record."""
     bases = [int(b) for b in bases]
     if len(bases) != world:
         raise AddressMapError(f"the peer-base table has {len(bases)} entries for a job of {world} ranks: a kernel "
@@ -73,5 +74,5 @@ def address_map(bases: Sequence[int], rank: int, world: int, base: int, nbytes: 
         raise AddressMapError(f"ranks {wild} are marked direct but their peer_bases entry is 0: a kernel would "
                               "write through a null pointer. Mark them indirect (direct=False)")
     from ..device.translate import bases_tensor  # iris's own layout: IRIS_DEBUG checks pointers against it
-    table = bases_tensor(bases, int(nbytes), rank, device)
-    return SymmetricAddressMap(table, rank, base, int(nbytes), direct)
+    peer_bases = bases_tensor(bases, int(nbytes), rank, device) if table is None else table(bases, int(nbytes))
+    return SymmetricAddressMap(peer_bases, rank, base, int(nbytes), direct)

@@ -69,23 +69,30 @@ class Reserve:
         self.block, self.nbytes = block, block.numel()
         self.puts, self.indirect = puts, indirect
         self._used = 0
+        self.parts = []  # (name, address, bytes, element size) of each part, for naming a flag in errors
         block.zero_()
-        self.barrier_flags = self._carve(world + 1, torch.int64)
-        self.group_counters = self._carve(GROUP_PROGRAMS * world, torch.int64).view(GROUP_PROGRAMS, world)
-        self.group_locks = self._carve(2 * GROUP_PROGRAMS, torch.int64).view(GROUP_PROGRAMS, 2)
-        self.ring_slots = self._carve(RING_PROGRAMS * RING_SLOT, torch.uint8)
-        self.ring_flags = self._carve(RING_PROGRAMS, torch.int64)
+        self.barrier_flags = self._carve(world + 1, torch.int64, "iris's device barrier flags")
+        self.group_counters = self._carve(GROUP_PROGRAMS * world, torch.int64, "iris's ccl group counters").view(
+            GROUP_PROGRAMS, world)
+        self.group_locks = self._carve(2 * GROUP_PROGRAMS, torch.int64, "iris's ccl group locks").view(
+            GROUP_PROGRAMS, 2)
+        self.ring_slots = self._carve(RING_PROGRAMS * RING_SLOT, torch.uint8, "iris's ccl ring slots")
+        self.ring_flags = self._carve(RING_PROGRAMS, torch.int64, "iris's ccl ring flags")
         self.put_counters = self.put_area = None
         if puts:
-            self.put_counters = self._carve(2 * GROUP_PROGRAMS * world, torch.int64).view(GROUP_PROGRAMS, 2, world)
-            self.put_area = self._carve(PUT_PROGRAMS * 2 * world * PUT_SLOT, torch.uint8)
-        self.progress = self._carve(1, torch.int64)  # this rank's count of frees passed, in stream order (progress.py)
+            self.put_counters = self._carve(2 * GROUP_PROGRAMS * world, torch.int64, "iris's ccl put counters").view(
+                GROUP_PROGRAMS, 2, world)
+            self.put_area = self._carve(PUT_PROGRAMS * 2 * world * PUT_SLOT, torch.uint8, "iris's ccl put area")
+        # this rank's count of frees passed, in stream order (progress.py)
+        self.progress = self._carve(1, torch.int64, "iris's heap progress counter")
 
-    def _carve(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+    def _carve(self, count: int, dtype: torch.dtype, name: str) -> torch.Tensor:
         start = round_up(self._used, ALIGN)
         end = start + count * dtype.itemsize
         if end > self.nbytes:
             raise IrisError(f"iris's reserve of {self.nbytes} bytes is full ({start} used, {count * dtype.itemsize} "
                             "more asked): raise size() in iris/heap/reserve.py")
         self._used = end
-        return self.block[start:end].view(dtype)
+        part = self.block[start:end].view(dtype)
+        self.parts.append((name, part.data_ptr(), part.nbytes, dtype.itemsize))
+        return part

@@ -8,9 +8,11 @@ from weakref import ref
 
 import torch
 
+from .. import settings
 from ..errors import BootstrapError, CaptureError, HeapOutOfMemory, SymmetryError
 from ..allocators.vmem import always
-from ..device.translate import bases_tensor
+from ..device.faults import new_record, raise_noted
+from ..device.translate import HIDDEN, bases_table
 from .address_map import SymmetricAddressMap, address_map
 from .as_symmetric import AsSymmetric
 from .factories import Factories
@@ -48,11 +50,14 @@ class SymmetricHeap(Lifetimes):
         self._may_grow = _not_capturing if self._capturable else always  # no bound method per call
         self._view = tensor_maker(device, carrier=True)  # Owner has the slot
         self._reuse, self._release = allocator.reuse, allocator.free
+        # the fault record every table of this heap points to, and the spin limit they carry (faults.py)
+        self.faults, self.spin_limit = new_record(device), settings.SPIN_LIMIT.get()
+        self.own_parts = []  # (name, address, bytes, element size) of iris's own flags here (reserve.py's parts)
         with ExitStack() as undo:
             self.peer_maps.open(undo)
             self.bases = [allocator.base if p == self.rank else self.peer_maps.va[p] for p in range(self.world)]
             self._base = allocator.base
-            self.heap_bases = bases_tensor(self.bases, self.size, self.rank, device)  # hidden entries for IRIS_DEBUG
+            self.heap_bases = self.table(self.bases, self.size)
             self._peer_blocks = undo.pop_all()  # closing it unmaps a block heap's peers
 
     # -- allocation --------------------------------------------------------
@@ -219,7 +224,37 @@ class SymmetricHeap(Lifetimes):
         except ValueError as e:
             raise KeyError(str(e)) from None
         bases = [b + block.offset if b else 0 for b in self.bases]
-        return address_map(bases, self.rank, self.world, bases[self.rank], block.nbytes, self.device)
+        return address_map(bases, self.rank, self.world, bases[self.rank], block.nbytes, self.device,
+                           table=self.table)
+
+    def table(self, bases, size: int, tail=(), keep: int = 0):
+        """bases as kernels take them, with this heap's hidden entries before them (translate.bases_table:
+        its fault record and spin limit, size, rank, world); keep: how many of those entries to leave in
+        the tensor (2: a DeviceContext's [rank, world, bases..., tail])."""
+        table = bases_table(bases, size, self.rank, self.device, tail, self.faults.data_ptr(), self.spin_limit)
+        return table[HIDDEN - keep:]
+
+    # -- faults kernels noted (iris/device/faults.py) ------------------------
+    def raise_faults(self) -> None:
+        """Raise, once, the first fault a kernel noted in this heap's record: a rank outside [0, world)
+        (DeviceCheckError) or a device wait that gave up (WaitTimeout). One small device-to-host read;
+        sync the device first (ctx.barrier(), ctx.ccl.free() and ctx.close() do)."""
+        raise_noted(self.faults, self.rank, self.name_address, self.spin_limit)
+
+    def name_address(self, address: int):
+        """What the heap holds at address (this process's view of its own heap), for error messages;
+        None outside it."""
+        offset = address - self._base
+        if not 0 <= offset < self.size:
+            return None
+        for name, start, nbytes, size in self.own_parts:
+            if start <= address < start + nbytes:
+                return f"{name}[{(address - start) // size}] (heap byte offset {offset})"
+        for block in [*self._at.values(), *self.imports.blocks.values()]:
+            if block.offset <= offset < block.offset + block.nbytes:
+                return (f"the flag at heap byte offset {offset} (byte {offset - block.offset} of the heap tensor of "
+                        f"{block.nbytes} bytes at offset {block.offset})")
+        return f"the flag at heap byte offset {offset} (in no live allocation)"
 
     # -- views -------------------------------------------------------------
     def block_at(self, address: int):

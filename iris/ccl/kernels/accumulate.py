@@ -3,6 +3,7 @@ spinlock (a lock per block around a remote read-modify-write)."""
 import triton
 import triton.language as tl
 
+from ...device.faults import CCL_LOCK, _gave_up
 from ...device.near import _relax
 from .common import _peer_offset, _signal_wait, _start
 
@@ -17,7 +18,8 @@ def accumulate_kernel(inp, out, acc, locks, flags, counters, heap_bases, n, per,
     else with atomic_add. n elements; per: elements per program (a multiple of BLOCK). Exchanges: the
     first after acc is zeroed (no rank adds into a peer still zeroing or copying out the last call),
     the second after the adds (every contribution is in before acc is read). TURNS: rank r adds after
-    ranks 0..r-1 signalled that they have (the interpreter)."""
+    ranks 0..r-1 signalled that they have (the interpreter). A lock not taken within SPIN polls is noted in the
+    heap's fault record and its block's add skipped (the host raises WaitTimeout)."""
     VEC: tl.constexpr = 16 // (acc.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
     ar = tl.arange(0, BLOCK)
@@ -40,13 +42,25 @@ def accumulate_kernel(inp, out, acc, locks, flags, counters, heap_bases, n, per,
             if LOCK:
                 lock = locks + s // BLOCK + _peer_offset(heap_bases, q, mine, 2)
                 free = tl.zeros([], tl.int64)  # atomic_cas wants the lock's own type
-                while tl.atomic_cas(lock, free, free + 1, sem="acquire", scope="sys") != 0:
+                held = tl.atomic_cas(lock, free, free + 1, sem="acquire", scope="sys")
+                go = held != 0
+                polls = 1
+                while go:  # a scalar loop-carried condition
                     _relax()
-                tl.debug_barrier()
-                cur = tl.load(there, mask=mask, volatile=True)
-                tl.store(there, cur + x, mask=mask)
-                tl.debug_barrier()
-                tl.atomic_xchg(lock, free, sem="release", scope="sys")
+                    held = tl.atomic_cas(lock, free, free + 1, sem="acquire", scope="sys")
+                    go = held != 0
+                    polls += 1
+                    if SPIN != 0:
+                        stop = go & (polls >= SPIN)
+                        if stop:  # noted in the fault record; this block's add is skipped
+                            _gave_up(heap_bases, CCL_LOCK, locks + s // BLOCK, rank, q, -1, 0, held, "eq")
+                        go = go & (stop == 0)
+                if held == 0:
+                    tl.debug_barrier()
+                    cur = tl.load(there, mask=mask, volatile=True)
+                    tl.store(there, cur + x, mask=mask)
+                    tl.debug_barrier()
+                    tl.atomic_xchg(lock, free, sem="release", scope="sys")
             else:
                 tl.atomic_add(there, x, mask=mask, sem="relaxed", scope="sys")
     if TURNS:
