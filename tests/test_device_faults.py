@@ -232,6 +232,10 @@ def _wait_cases(ctx, failures):
 
 
 def rank_main(cases):
+    if torch.cuda.is_available():  # the device barrier compiled first, its waits unbounded: ranks compile at
+        with iris.iris(heap_size=1 << 20) as warm:  # different speeds (the limit is the context's, not the kernel's)
+            warm.device_barrier()
+            warm.barrier()
     os.environ["IRIS_SPIN_LIMIT"] = str(SPIN)  # read when the context is made
     ctx = iris.iris(heap_size=1 << 22)
     failures = []
