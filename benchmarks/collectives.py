@@ -4,6 +4,7 @@ one run, eager and replayed from a CUDA graph; bf16, 1 KiB to 256 MiB. Writes JS
     python -m iris.run -n 2 benchmarks/collectives.py [--out FILE] [--max-bytes N]
     python -m iris.run -n 2 benchmarks/collectives.py --dry-run        # host: tiny sizes, gloo, no graphs
     python -m iris.run -n 2 benchmarks/collectives.py --rank-check both   # the rank check's cost: on / off
+    python -m iris.run -n 2 benchmarks/collectives.py --wait-bound both   # the bounded waits' cost: on / off
 
 A time is the median over samples of (one sample: `calls` back-to-back calls timed by CUDA events) /
 calls, the slowest rank's: "eager" launches every call from Python (host cost included where it is
@@ -31,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import RANK_CHECK_HELP, both_rank_checks, init_torch_distributed, write_result  # noqa: E402
+from common import RANK_CHECK_HELP, WAIT_BOUND_HELP, both_ways, init_torch_distributed, write_result  # noqa: E402
 
 import iris  # noqa: E402
 from iris.ccl import Config, ReduceOp  # noqa: E402
@@ -628,10 +629,12 @@ def main(argv=None) -> int:
     p.add_argument("--slow", type=float, default=0.25,
                    help="--sweep-variants: a variant whose call takes longer is not timed, nor run at larger sizes")
     p.add_argument("--rank-check", choices=("both",), help=RANK_CHECK_HELP)
+    p.add_argument("--wait-bound", choices=("both",), help=WAIT_BOUND_HELP)
     args = p.parse_args(argv)
-    if args.rank_check == "both":
-        return both_rank_checks(os.path.abspath(__file__), sys.argv[1:] if argv is None else argv, args.out,
-                                "collectives")
+    for what in ("rank_check", "wait_bound"):
+        if getattr(args, what) == "both":
+            return both_ways(os.path.abspath(__file__), sys.argv[1:] if argv is None else argv, args.out,
+                             "collectives", what)
     gpu = torch.cuda.is_available() and not args.dry_run
     if args.dry_run:
         args.max_bytes = min(args.max_bytes, KiB)
@@ -652,6 +655,7 @@ def main(argv=None) -> int:
         text = table(ar, moves)
         path = write_result("collectives", {"dtype": "bfloat16", "units": "microseconds per call, median",
                                             "rank_check": iris.settings.RANK_CHECK.get(),
+                                            "spin_limit": iris.settings.SPIN_LIMIT.get(),
                                             "host_costs": host, "two_shot_sweep": tuning, "all_reduce": ar,
                                             "moves": moves,
                                             "env": {k: os.environ.get(k) for k in

@@ -77,13 +77,19 @@ def write_result(name: str, payload: dict, out: str | None = None) -> str:
 RANK_CHECK_HELP = ("both: the benchmark as two jobs of this job's size, one with iris's rank check compiled in "
                    "(IRIS_RANK_CHECK=1) and one without (0), and one JSON with both runs and their ratios; otherwise "
                    "IRIS_RANK_CHECK decides (on by default)")
+WAIT_BOUND_HELP = ("both: the benchmark as two jobs of this job's size, one with every device wait bounded "
+                   "(IRIS_SPIN_LIMIT at its default) and one with the bound compiled out (0), and one JSON with both "
+                   "runs and their ratios; otherwise IRIS_SPIN_LIMIT decides")
+# --rank-check / --wait-bound both: (the environment variable, its value in the run "on", in the run "off")
+BOTH = {"rank_check": ("IRIS_RANK_CHECK", "1", "0"), "wait_bound": ("IRIS_SPIN_LIMIT", None, "0")}
 
 
-def both_rank_checks(script: str, argv: list, out: str | None, name: str) -> int:
-    """--rank-check both. The check is compiled into kernels when iris is imported (a constexpr that Triton
-    folds), so each value is a job of its own: rank 0 of this job (or a plain process, as 2 ranks) starts
-    `python -m iris.run` twice with IRIS_RANK_CHECK=1 and 0 and the same options, then writes one JSON with
-    both records and, for every figure they share, on / off. The other ranks return at once."""
+def both_ways(script: str, argv: list, out: str | None, name: str, what: str) -> int:
+    """--rank-check both, --wait-bound both (what: a key of BOTH). Both are read when kernels compile or a
+    context is made, so each value is a job of its own: rank 0 of this job (or a plain
+    process, as 2 ranks) starts `python -m iris.run` twice, with the variable's value on and off and the
+    same options, then writes one JSON with both records and, for every figure they share, on / off.
+    The other ranks return at once."""
     import subprocess
     import tempfile
 
@@ -91,33 +97,38 @@ def both_rank_checks(script: str, argv: list, out: str | None, name: str) -> int
     from iris.cli.bench import free_port
     if int(os.environ.get("IRIS_RANK", os.environ.get("RANK", "0"))) != 0:
         return 0
+    var, on, off = BOTH[what]
+    flag = "--" + what.replace("_", "-")
     world = int(os.environ.get("IRIS_WORLD_SIZE", os.environ.get("WORLD_SIZE", "2")))
     launched = {s.name for s in (settings.RANK, settings.WORLD_SIZE, settings.LOCAL_RANK, settings.SOCKET_DIR,
                                  settings.JOB_SECRET)} | {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                           "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK"}
     env = {k: v for k, v in os.environ.items() if k not in launched and not k.startswith("TORCHELASTIC")}
+    env.pop(var, None)
     rest, skip = [], False
-    for a in argv:  # this run's --rank-check and --out are the driver's
-        if skip or a in ("--rank-check", "--out") or a.startswith(("--rank-check=", "--out=")):
-            skip = a in ("--rank-check", "--out")
+    for a in argv:  # this run's flag and --out are the driver's
+        if skip or a in (flag, "--out") or a.startswith((flag + "=", "--out=")):
+            skip = a in (flag, "--out")
             continue
         rest.append(a)
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, value in (("on", "1"), ("off", "0")):
+        for label, value in (("on", on), ("off", off)):
             path = os.path.join(tmp, f"{label}.json")
             cmd = [sys.executable, "-m", "iris.run", "-n", str(world), script, *rest, "--out", path]
-            print(f"rank check {label}: {' '.join(cmd[1:])}", flush=True)
-            code = subprocess.call(cmd, env=dict(env, IRIS_RANK_CHECK=value, MASTER_ADDR="127.0.0.1",
-                                                 MASTER_PORT=str(free_port())))
+            print(f"{what} {label}: {' '.join(cmd[1:])}", flush=True)
+            run_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            if value is not None:  # None: the default
+                run_env[var] = value
+            code = subprocess.call(cmd, env=run_env)
             if code:
                 return code
             with open(path) as f:
                 runs[label] = json.load(f)
     ratios = _ratios(runs["on"], runs["off"])
-    path = write_result(f"{name}_rank_check", {"ranks": world, "rank_check_on": runs["on"],
-                                               "rank_check_off": runs["off"], "on_over_off": ratios}, out)
-    print(f"rank check on / off: {len(ratios)} figures, median {_median(ratios.values()):.3f}; wrote {path}")
+    path = write_result(f"{name}_{what}", {"ranks": world, f"{what}_on": runs["on"], f"{what}_off": runs["off"],
+                                           "on_over_off": ratios}, out)
+    print(f"{what} on / off: {len(ratios)} figures, median {_median(ratios.values()):.3f}; wrote {path}")
     return 0
 
 

@@ -35,7 +35,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import RANK_CHECK_HELP, both_rank_checks, command_line, nccl_unusable, timed  # noqa: E402
+from common import RANK_CHECK_HELP, WAIT_BOUND_HELP, both_ways, command_line, nccl_unusable, timed  # noqa: E402
 
 import iris  # noqa: E402
 from iris.ccl.launch import Launcher  # noqa: E402
@@ -404,10 +404,12 @@ def main(argv=None) -> int:
     parser.add_argument("--latency-rounds", type=int, default=10000, help="ping-pong round trips per sample")
     parser.add_argument("--skip", default="", help="comma list of sections to skip: p2p,all_pairs,latency")
     parser.add_argument("--rank-check", choices=("both",), help=RANK_CHECK_HELP)
+    parser.add_argument("--wait-bound", choices=("both",), help=WAIT_BOUND_HELP)
     args = parser.parse_args(argv)
-    if args.rank_check == "both":
-        return both_rank_checks(os.path.abspath(__file__), sys.argv[1:] if argv is None else argv, args.out,
-                                "rma_bandwidth")
+    for what in ("rank_check", "wait_bound"):
+        if getattr(args, what) == "both":
+            return both_ways(os.path.abspath(__file__), sys.argv[1:] if argv is None else argv, args.out,
+                             "rma_bandwidth", what)
     if args.dry_run:
         args.max_bytes = min(args.max_bytes, 64 * KiB)
     if args.heap_mib is None:
@@ -422,6 +424,7 @@ def main(argv=None) -> int:
               "command": command_line(),
               "ranks": b.world, "dry_run": args.dry_run, "allocator": b.ctx.allocator_name,
               "rank_check": iris.settings.RANK_CHECK.get(),
+              "spin_limit": iris.settings.SPIN_LIMIT.get(),
               "device": torch.cuda.get_device_name(b.dev) if b.gpu else "host (Triton interpreter)",
               "gpus_visible": torch.cuda.device_count() if b.gpu else 0,
               "multiprocessors": b.sms, "versions": {"torch": torch.__version__, "triton": triton.__version__,

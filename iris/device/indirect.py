@@ -25,7 +25,7 @@ import triton.language as tl
 
 from . import faults as _f
 from . import nvshmem as nv
-from .near import ADD, CAS, MAX, MIN, XCHG, _atomic, _load, _relax, _spin, _unmet
+from .near import ADD, CAS, MAX, MIN, XCHG, _atomic, _load, _put, _relax, _spin, _unmet
 from .near import INDIRECT_PEERS, use_indirect_peers  # noqa: F401 (the context's names for the switch)
 from .translate import RANK_CHECK, _reach, _translate
 
@@ -225,14 +225,8 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cach
     if far(heap_bases, to_rank):
         _move_far(from_ptr, to_ptr, to_rank, mask, other, hint, True)
     else:
-        if RANK_CHECK:
-            p, m = _reach(to_ptr, from_rank, to_rank, heap_bases, mask, _f.PUT, hint)
-            tl.store(p, tl.load(from_ptr, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
-                     cache_modifier=store_cache_modifier)
-        else:
-            data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
-            tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
-                     cache_modifier=store_cache_modifier)
+        _put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
+             store_cache_modifier, hint)
 
 
 @triton.jit

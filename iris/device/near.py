@@ -22,7 +22,8 @@ import triton.language as tl
 
 from .. import settings
 from . import nvshmem as nv
-from .faults import _gave_up, _spin_limit
+from .faults import PUT, _gave_up, _spin_limit
+from .translate import RANK_CHECK, _reach, _translate
 
 INDIRECT_PEERS: tl.constexpr = tl.constexpr(bool(settings.INDIRECT_PEERS.get()))
 # atomic operations: NVSHMEM's codes where it has the operation (the far path hands them on), then the two it lacks
@@ -51,6 +52,20 @@ def _load(p, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr, 
     else:
         out = tl.load(p, mask=mask, other=other, cache_modifier=cache_modifier, eviction_policy=eviction_policy)
     return out
+
+
+@triton.jit
+def _put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier: tl.constexpr,
+         store_cache_modifier: tl.constexpr, hint: tl.constexpr):
+    """put to a mapped peer (rma.put, and indirect.put's near side): to_rank refused where RANK_CHECK."""
+    if RANK_CHECK:
+        p, m = _reach(to_ptr, from_rank, to_rank, heap_bases, mask, PUT, hint)
+        tl.store(p, tl.load(from_ptr, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
+                 cache_modifier=store_cache_modifier)
+    else:
+        data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
+        tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
+                 cache_modifier=store_cache_modifier)
 
 
 @triton.jit

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from . import indirect as _indirect
-from .faults import COPY, GET, LOAD, PUT, STORE
-from .near import INDIRECT_PEERS, _load
+from .faults import COPY, GET, LOAD, STORE
+from .near import INDIRECT_PEERS, _load, _put
 from .translate import RANK_CHECK, _reach, _translate
 
 
@@ -97,14 +97,8 @@ def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None,
     if INDIRECT_PEERS:
         return _indirect.put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
                              store_cache_modifier, hint)
-    if RANK_CHECK:
-        p, m = _reach(to_ptr, from_rank, to_rank, heap_bases, mask, PUT, hint)
-        tl.store(p, tl.load(from_ptr, mask=m, other=other, cache_modifier=load_cache_modifier), mask=m,
-                 cache_modifier=store_cache_modifier)
-    else:
-        data = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
-        tl.store(_translate(to_ptr, from_rank, to_rank, heap_bases, hint), data, mask=mask,
-                 cache_modifier=store_cache_modifier)
+    _put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask, other, load_cache_modifier, store_cache_modifier,
+         hint)
 
 
 @triton.jit
