@@ -226,7 +226,10 @@ def move_rows(ctx, timer, sizes, gpu):
 def host_costs(ctx, timer, gpu):
     """Where eager time goes: host microseconds per call (perf_counter over back-to-back calls, one
     sync at the end) of a 1 KiB all_reduce through ctx.ccl, of the same kernel launched through
-    Triton's JIT (kernel[grid](...): the control for iris.ccl.launch.Launcher), and of torch copy_."""
+    Triton's JIT (kernel[grid](...): the control for iris.ccl.launch.Launcher), and of torch copy_.
+    On GPUs also what the one device order across streams costs: the same all_reduce called from
+    one stream, and from two streams in turn (each call then waits for the other stream), timed by
+    CUDA events (microseconds per call) and on the host."""
     import time
     x = torch.randn(512, device=ctx.device).to(torch.bfloat16)
     y = torch.empty_like(x)
@@ -249,6 +252,20 @@ def host_costs(ctx, timer, gpu):
            "jit_launch_same_kernel_host_us": per_call(lambda: plan.fn[plan.grid](*args, **plan.options)),
            "iris_all_reduce_host_us_again": per_call(lambda: ctx.ccl.all_reduce(y, x)),
            "torch_copy_host_us": per_call(lambda: y.copy_(x))}
+    if gpu:  # the one device order across streams (iris/ccl/order.py): a call from the other stream each time
+        other = torch.cuda.Stream(ctx.device)
+
+        def alternate():
+            with torch.cuda.stream(other):
+                ctx.ccl.all_reduce(y, x)
+            ctx.ccl.all_reduce(y, x)
+
+        calls_ = timer.calls_for(x.nbytes)
+        out["stream_order"] = {
+            "same_stream_us": timer.eager(lambda: ctx.ccl.all_reduce(y, x), calls_) * 1e6,
+            "alternating_streams_us": timer.eager(alternate, calls_) / 2 * 1e6,
+            "same_stream_host_us": per_call(lambda: ctx.ccl.all_reduce(y, x)),
+            "alternating_streams_host_us": per_call(alternate) / 2}
     launchers = list(plan.launchers.values())
     out["direct_launch_used"] = all(lc.last is not None for lc in launchers) if gpu else False
     out["fallback"] = [lc.fallback for lc in launchers if lc.fallback]
