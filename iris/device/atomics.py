@@ -22,8 +22,16 @@ import triton.language as tl
 
 from . import indirect as _indirect
 from . import faults as _f
-from .near import ADD, AND, CAS, INDIRECT_PEERS, MAX, MIN, OR, XCHG, XOR, _atomic
-from .translate import RANK_CHECK, _reach, _translate
+from .near import ADD, AND, CAS, INDIRECT_PEERS, MAX, MIN, OR, XCHG, XOR, _atomic_to
+
+
+@triton.jit
+def _any(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem: tl.constexpr,
+         scope: tl.constexpr, hint: tl.constexpr, WHAT: tl.constexpr):
+    """Every atomic here: through NVSHMEM where the job has indirect peers, else on the mapped pointer."""
+    if INDIRECT_PEERS:
+        return _indirect.atomic(OP, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem, scope, hint, WHAT)
+    return _atomic_to(OP, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem, scope, hint, WHAT)
 
 
 @triton.jit
@@ -31,13 +39,7 @@ def atomic_add(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically adds val to to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(ADD, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_ADD)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_ADD, hint)
-        return tl.where(m, _atomic(ADD, p, val, None, m, sem, scope), 0)
-    return _atomic(ADD, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
+    return _any(ADD, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_ADD)
 
 
 @triton.jit
@@ -45,13 +47,7 @@ def atomic_sub(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically subtracts val from to_rank's memory at ptr (adds -val); returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(ADD, ptr, -val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_SUB)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_SUB, hint)
-        return tl.where(m, _atomic(ADD, p, -val, None, m, sem, scope), 0)
-    return _atomic(ADD, _translate(ptr, from_rank, to_rank, heap_bases, hint), -val, None, mask, sem, scope)
+    return _any(ADD, ptr, -val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_SUB)
 
 
 @triton.jit
@@ -61,13 +57,7 @@ def atomic_cas(ptr, cmp, val, from_rank, to_rank, heap_bases, sem: tl.constexpr 
     (the swap happened where old == cmp).
     cmp: the expected values; ptr, from_rank, to_rank, heap_bases, sem, scope, hint: as in the module
     docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(CAS, ptr, val, cmp, from_rank, to_rank, heap_bases, None, sem, scope, hint,
-                                _f.ATOMIC_CAS)
-    if RANK_CHECK:  # compare-and-swap has no mask: a refused lane swaps cmp for cmp in the caller's memory
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, None, _f.ATOMIC_CAS, hint)
-        return tl.where(m, _atomic(CAS, p, tl.where(m, val, cmp), cmp, None, sem, scope), 0)
-    return _atomic(CAS, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, None, sem, scope)
+    return _any(CAS, ptr, val, cmp, from_rank, to_rank, heap_bases, None, sem, scope, hint, _f.ATOMIC_CAS)
 
 
 @triton.jit
@@ -75,13 +65,7 @@ def atomic_xchg(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.con
                 scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores val at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(XCHG, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_XCHG)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_XCHG, hint)
-        return tl.where(m, _atomic(XCHG, p, val, None, m, sem, scope), 0)
-    return _atomic(XCHG, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
+    return _any(XCHG, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_XCHG)
 
 
 @triton.jit
@@ -89,13 +73,7 @@ def atomic_and(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically ands val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(AND, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_AND)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_AND, hint)
-        return tl.where(m, _atomic(AND, p, val, None, m, sem, scope), 0)
-    return _atomic(AND, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
+    return _any(AND, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_AND)
 
 
 @triton.jit
@@ -103,13 +81,7 @@ def atomic_or(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.const
               scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically ors val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(OR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_OR)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_OR, hint)
-        return tl.where(m, _atomic(OR, p, val, None, m, sem, scope), 0)
-    return _atomic(OR, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
+    return _any(OR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_OR)
 
 
 @triton.jit
@@ -117,13 +89,7 @@ def atomic_xor(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically xors val into to_rank's memory at ptr; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(XOR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_XOR)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_XOR, hint)
-        return tl.where(m, _atomic(XOR, p, val, None, m, sem, scope), 0)
-    return _atomic(XOR, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
+    return _any(XOR, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_XOR)
 
 
 @triton.jit
@@ -131,13 +97,7 @@ def atomic_min(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores min(old, val) at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(MIN, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_MIN)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_MIN, hint)
-        return tl.where(m, _atomic(MIN, p, val, None, m, sem, scope), 0)
-    return _atomic(MIN, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
+    return _any(MIN, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_MIN)
 
 
 @triton.jit
@@ -145,10 +105,4 @@ def atomic_max(ptr, val, from_rank, to_rank, heap_bases, mask=None, sem: tl.cons
                scope: tl.constexpr = None, hint: tl.constexpr = None):
     """Atomically stores max(old, val) at ptr on to_rank; returns the old values.
     ptr, from_rank, to_rank, heap_bases, mask, sem, scope, hint: as in the module docstring."""
-    if INDIRECT_PEERS:
-        return _indirect.atomic(MAX, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint,
-                                _f.ATOMIC_MAX)
-    if RANK_CHECK:
-        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, _f.ATOMIC_MAX, hint)
-        return tl.where(m, _atomic(MAX, p, val, None, m, sem, scope), 0)
-    return _atomic(MAX, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, None, mask, sem, scope)
+    return _any(MAX, ptr, val, None, from_rank, to_rank, heap_bases, mask, sem, scope, hint, _f.ATOMIC_MAX)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from . import faults as _f
 from . import nvshmem as nv
-from .near import ADD, CAS, MAX, MIN, XCHG, _atomic, _load, _put, _relax, _spin, _unmet
+from .near import ADD, CAS, MAX, MIN, XCHG, _atomic_to, _load, _put, _relax, _spin, _unmet
 from .near import INDIRECT_PEERS, use_indirect_peers  # noqa: F401 (the context's names for the switch)
 from .translate import RANK_CHECK, _reach, _translate
 
@@ -354,14 +354,7 @@ def atomic(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask
     if far(heap_bases, to_rank):
         out = _atomic_far(OP, ptr, val, cmp, to_rank, mask, sem)
     else:
-        if RANK_CHECK:
-            p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT, hint)
-            if OP == CAS:  # no mask: a refused lane swaps cmp for cmp in the caller's memory
-                out = tl.where(m, _atomic(CAS, p, tl.where(m, val, cmp), cmp, None, sem, scope), 0)
-            else:
-                out = tl.where(m, _atomic(OP, p, val, cmp, m, sem, scope), 0)
-        else:
-            out = _atomic(OP, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, mask, sem, scope)
+        out = _atomic_to(OP, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem, scope, hint, WHAT)
         out = out.to(ptr.dtype.element_ty)  # cas: val's type
     return out
 

@@ -9,11 +9,10 @@ What matters:
   globals at each launch and refuses one compiled under the other value.
 - _spin is the one poll loop of iris.wait (near and NVSHMEM paths alike bound it the same way): it gives
   up after the spin limit of the heap's tables and notes the wait in the fault record (faults.py).
-- _atomic is the one definition of the nine atomics on a mapped pointer: the public atomics (and the
-  DeviceContext methods through them), Gluon's IrisDeviceCtx (the same body compiled by gluon.jit)
-  and the indirect path's direct side all call it. Each device-function call costs the Triton
-  interpreter a patch of triton.language, so the public functions call it directly, not through a
-  dispatcher of their own.
+- _atomic is the one definition of the nine atomics on a mapped pointer, and _atomic_to and _put the
+  one body of an atomic and a put to a mapped peer (the rank check included): the public functions
+  (and the DeviceContext methods through them) and the indirect path's direct side call them;
+  Gluon's IrisDeviceCtx compiles _atomic's body with gluon.jit.
 """
 import os
 
@@ -88,6 +87,23 @@ def _atomic(OP: tl.constexpr, p, val, cmp, mask, sem: tl.constexpr, scope: tl.co
         out = tl.atomic_min(p, val, mask=mask, sem=sem, scope=scope)
     else:
         out = tl.atomic_max(p, val, mask=mask, sem=sem, scope=scope)
+    return out
+
+
+@triton.jit
+def _atomic_to(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, mask, sem: tl.constexpr,
+               scope: tl.constexpr, hint: tl.constexpr, WHAT: tl.constexpr):
+    """_atomic on to_rank's memory at ptr (valid in from_rank's view) through this process's mapping: the
+    public atomics and indirect.atomic's near side. Where RANK_CHECK refuses a lane, nothing is updated
+    there and it returns 0; WHAT: the calling function, for the fault record."""
+    if RANK_CHECK:
+        p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT, hint)
+        if OP == CAS:  # no mask: a refused lane swaps cmp for cmp in the caller's memory
+            out = tl.where(m, _atomic(CAS, p, tl.where(m, val, cmp), cmp, None, sem, scope), 0)
+        else:
+            out = tl.where(m, _atomic(OP, p, val, cmp, m, sem, scope), 0)
+    else:
+        out = _atomic(OP, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, mask, sem, scope)
     return out
 
 

@@ -118,16 +118,22 @@ _REFUSE_POINTER: tl.constexpr = tl.constexpr(_refuse_pointer)
 
 @triton.jit
 def _translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None):
+    # For ranks the caller knows are in range (iris's own kernels); device functions use _reach.
+    if DEBUG:
+        _check(ptr, from_rank, to_rank, heap_bases)
+    return _shifted(ptr, tl.load(heap_bases + to_rank), tl.load(heap_bases + from_rank), hint)
+
+
+@triton.jit
+def _shifted(ptr, to_base, from_base, hint: tl.constexpr):
     # The bases are arbitrary 64-bit addresses and their difference may be negative; it is added
     # in whole elements so that ptr keeps its type. Heap bases are at least 256-byte aligned, and
     # telling the compiler the offset is a multiple of 16 bytes keeps 128-bit accesses. hint (rma's)
     # goes on the pointer made here: Triton keeps tl.multiple_of/max_contiguous only on a value that
-    # an operation of the same function produced, and drops it on an argument of an inlined function.
-    # For ranks the caller knows are in range (iris's own kernels); device functions use _reach.
-    if DEBUG:
-        _check(ptr, from_rank, to_rank, heap_bases)
+    # an operation of the same function produced, and drops it on an argument of an inlined function
+    # (so the difference is taken here too).
     ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # int1 is stored in a byte
-    delta = tl.load(heap_bases + to_rank) - tl.load(heap_bases + from_rank)
+    delta = to_base - from_base
     if ELEM > 1:
         delta = delta // ELEM
     if len(delta.shape) == 0:
@@ -145,11 +151,9 @@ def _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT: tl.constexpr, hint: 
     [0, world) is masked out (it reads rank 0's base for both ranks, so it stays at ptr, the caller's
     own memory, which a compare-and-swap then leaves as it is), and the first refusal is noted in the fault record as
     WHAT's. A table without iris's hidden entries (a copy) has no world to check against: every lane
-    passes, as with the check off. One function, not several: each call of a device function costs the
-    interpreter a patch of triton.language."""
+    passes, as with the check off."""
     if DEBUG:
         _check(ptr, from_rank, to_rank, heap_bases)
-    ELEM: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
     world = tl.load(heap_bases + WORLD_AT).to(tl.uint64, bitcast=True)
     # one unsigned compare per rank: a negative rank is a huge unsigned one
     ok = (tl.cast(from_rank, tl.int64).to(tl.uint64, bitcast=True) < world) & \
@@ -162,14 +166,8 @@ def _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT: tl.constexpr, hint: 
             ok = ok | (ours == 0)
     else:
         ok = _refuse_lanes(ok, from_rank, to_rank, heap_bases, WHAT)
-    delta = tl.load(heap_bases + tl.where(ok, to_rank, 0)) - tl.load(heap_bases + tl.where(ok, from_rank, 0))
-    if ELEM > 1:
-        delta = delta // ELEM
-    if len(delta.shape) == 0:
-        delta = tl.multiple_of(delta, 16 // ELEM)
-    out = ptr + delta
-    if hint is not None:
-        out = tl.max_contiguous(tl.multiple_of(out, hint), hint)
+    to_base = tl.load(heap_bases + tl.where(ok, to_rank, 0))
+    out = _shifted(ptr, to_base, tl.load(heap_bases + tl.where(ok, from_rank, 0)), hint)
     if mask is not None:
         ok = mask & ok
     if _INTERPRETED:  # the interpreter splats a scalar comparison in its operands' dtype, which masks refuse
