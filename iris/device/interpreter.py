@@ -17,8 +17,14 @@ _LANGS = (tl, tl.core)
 _active = []  # (scope, ids of the language modules it patched) of the launch running, if any
 
 
+_langs_of = {}  # function -> ids of the language modules its globals name
+
+
 def _langs(fn) -> set:
-    return {id(v) for v in fn.__globals__.values() if any(v is lang for lang in _LANGS)}
+    langs = _langs_of.get(fn)
+    if langs is None:
+        langs = _langs_of[fn] = {id(v) for v in fn.__globals__.values() if any(v is lang for lang in _LANGS)}
+    return langs
 
 
 def _patch_lang(fn, _original=_interp._patch_lang):
@@ -43,6 +49,7 @@ def _patch_lang(fn, _original=_interp._patch_lang):
     scope.restore = _restore
     _active.append(entry)
     return scope
+
 
 def install() -> bool:
     """Route the interpreter's patching through _patch_lang; False where its shape is not the one known."""
