@@ -113,9 +113,11 @@ def both_ways(script: str, argv: list, out: str | None, name: str, what: str) ->
         rest.append(a)
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
+        # beside out while the job runs: a job stopped halfway (a timeout) leaves the finished run's JSON
+        halves = {label: (os.path.splitext(out)[0] if out else os.path.join(tmp, name)) + f"-{what}-{label}.json"
+                  for label in ("on", "off")}
         for label, value in (("on", on), ("off", off)):
-            path = os.path.join(tmp, f"{label}.json")
-            cmd = [sys.executable, "-m", "iris.run", "-n", str(world), script, *rest, "--out", path]
+            cmd = [sys.executable, "-m", "iris.run", "-n", str(world), script, *rest, "--out", halves[label]]
             print(f"{what} {label}: {' '.join(cmd[1:])}", flush=True)
             run_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             if value is not None:  # None: the default
@@ -123,8 +125,10 @@ def both_ways(script: str, argv: list, out: str | None, name: str, what: str) ->
             code = subprocess.call(cmd, env=run_env)
             if code:
                 return code
-            with open(path) as f:
+            with open(halves[label]) as f:
                 runs[label] = json.load(f)
+        for path in halves.values():
+            os.remove(path)
     ratios = _ratios(runs["on"], runs["off"])
     path = write_result(f"{name}_{what}", {"ranks": world, f"{what}_on": runs["on"], f"{what}_off": runs["off"],
                                            "on_over_off": ratios}, out)

@@ -13,7 +13,9 @@ of 32 threads; the caller picks the layouts, these methods keep them).
     kernel[grid](IrisDeviceCtx, ctx.get_device_context(), buf, 1, 512, num_warps=4)
 
 The rank and world size come from the context tensor at run time (as in Iris), so one compiled
-kernel serves every rank. Translation is iris's: a pointer valid in this rank's view, moved by the
+kernel serves every rank. Every method that takes a rank refuses one outside [0, world) as the Triton
+device functions do (IRIS_RANK_CHECK, on by default): the access is masked out and the host raises
+DeviceCheckError at its next look (ctx.barrier(), ctx.close()). Translation is iris's: a pointer valid in this rank's view, moved by the
 difference of the two ranks' heap bases. Gluon has no interpreter: these kernels run on GPUs only.
 A job whose heap has an indirect peer (NVSHMEM) is refused when a kernel compiles.
 
@@ -28,8 +30,10 @@ from triton.experimental.gluon import language as gl
 from triton.language.core import _aggregate as aggregate
 
 from . import gluon_tiles as _tiles
-from .device.near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR
+from .device import faults as F
+from .device.near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR, _atomic_masked
 from .device.near import _atomic as _near_atomic
+from .device.translate import RANK_CHECK, _in_world
 from .gluon_tiles import Tile, TileView, make_tensor_view
 
 __all__ = ["IrisDeviceCtx", "Tile", "TileView", "make_tensor_view"]
@@ -86,83 +90,124 @@ class IrisDeviceCtx:
         return tl.cast(tl.cast(ptr, gl.int64) + delta, ptr.dtype)
 
     @gluon.jit
+    def _reach(self, ptr, rank, mask, WHAT: gl.constexpr):
+        """(ptr as rank's memory, the access's mask) with the Triton device functions' refusal of a rank
+        outside [0, world) (translate._in_world), noted as WHAT's; call it only where RANK_CHECK is on.
+        IRIS_DEBUG's pointer check is Triton's only. Gluon splats a scalar mask only inside a binary
+        operation, so a missing mask becomes ptr's block of True first."""
+        _tiles.direct_only()
+        if mask is None:
+            mask = tl.cast(ptr, gl.int64) == tl.cast(ptr, gl.int64)
+        return _in_world(ptr, self.cur_rank, rank, self.heap_bases, mask, WHAT)
+
+    @gluon.jit
+    def _atomic(self, OP: gl.constexpr, ptr, val, cmp, rank, mask, sem: gl.constexpr, scope: gl.constexpr,
+                WHAT: gl.constexpr):
+        """Atomic OP at rank's ptr; with RANK_CHECK a refused lane is left alone and returns 0."""
+        if RANK_CHECK:
+            p, m = self._reach(ptr, rank, mask, WHAT)
+            out = _atomic_masked(OP, p, val, cmp, m, sem, scope)
+        else:
+            out = _atomic(OP, self._translate(ptr, self.cur_rank, rank), val, cmp, mask, sem, scope)
+        return out
+
+    @gluon.jit
     def load(self, pointer, from_rank, mask=None, other=None, cache_modifier: gl.constexpr = None,
              volatile: gl.constexpr = False):
         """from_rank's values at pointer (valid in this rank's view)."""
-        return _load(self._translate(pointer, self.cur_rank, from_rank), mask, other, cache_modifier, volatile)
+        if RANK_CHECK:
+            pointer, mask = self._reach(pointer, from_rank, mask, F.LOAD)
+        else:
+            pointer = self._translate(pointer, self.cur_rank, from_rank)
+        return _load(pointer, mask, other, cache_modifier, volatile)
 
     @gluon.jit
     def store(self, pointer, value, to_rank, mask=None, cache_modifier: gl.constexpr = None):
         """Writes value into to_rank's memory at pointer."""
-        _store(self._translate(pointer, self.cur_rank, to_rank), value, mask, cache_modifier)
+        if RANK_CHECK:
+            pointer, mask = self._reach(pointer, to_rank, mask, F.STORE)
+        else:
+            pointer = self._translate(pointer, self.cur_rank, to_rank)
+        _store(pointer, value, mask, cache_modifier)
 
     @gluon.jit
     def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier: gl.constexpr = None,
             store_cache_modifier: gl.constexpr = None):
         """Copies from_rank's data at from_ptr into this rank's to_ptr."""
-        data = _load(self._translate(from_ptr, self.cur_rank, from_rank), mask, other, load_cache_modifier, False)
-        _store(to_ptr, data, mask, store_cache_modifier)
+        if RANK_CHECK:
+            from_ptr, mask = self._reach(from_ptr, from_rank, mask, F.GET)
+        else:
+            from_ptr = self._translate(from_ptr, self.cur_rank, from_rank)
+        _store(to_ptr, _load(from_ptr, mask, other, load_cache_modifier, False), mask, store_cache_modifier)
 
     @gluon.jit
     def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, load_cache_modifier: gl.constexpr = None,
             store_cache_modifier: gl.constexpr = None):
         """Copies this rank's data at from_ptr into to_rank's to_ptr."""
-        data = _load(from_ptr, mask, other, load_cache_modifier, False)
-        _store(self._translate(to_ptr, self.cur_rank, to_rank), data, mask, store_cache_modifier)
+        if RANK_CHECK:
+            to_ptr, mask = self._reach(to_ptr, to_rank, mask, F.PUT)
+        else:
+            to_ptr = self._translate(to_ptr, self.cur_rank, to_rank)
+        _store(to_ptr, _load(from_ptr, mask, other, load_cache_modifier, False), mask, store_cache_modifier)
 
     @gluon.jit
     def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None,
              load_cache_modifier: gl.constexpr = None, store_cache_modifier: gl.constexpr = None):
         """Copies from_rank's src_ptr into to_rank's dst_ptr (both valid in this rank's view); this rank
         must be one of the two."""
-        data = _load(self._translate(src_ptr, self.cur_rank, from_rank), mask, other, load_cache_modifier, False)
-        _store(self._translate(dst_ptr, self.cur_rank, to_rank), data, mask, store_cache_modifier)
+        if RANK_CHECK:
+            src_ptr, mask = self._reach(src_ptr, from_rank, mask, F.COPY)
+            dst_ptr, mask = self._reach(dst_ptr, to_rank, mask, F.COPY)
+        else:
+            src_ptr = self._translate(src_ptr, self.cur_rank, from_rank)
+            dst_ptr = self._translate(dst_ptr, self.cur_rank, to_rank)
+        _store(dst_ptr, _load(src_ptr, mask, other, load_cache_modifier, False), mask, store_cache_modifier)
 
     @gluon.jit
     def atomic_add(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomically adds val at to_rank's pointer; returns the old values. sem: relaxed, acquire,
         release or acq_rel (default); scope: cta, gpu (default) or sys (another GPU watches)."""
-        return _atomic(ADD, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+        return self._atomic(ADD, pointer, val, None, to_rank, mask, sem, scope, F.ATOMIC_ADD)
 
     @gluon.jit
     def atomic_sub(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomically subtracts val (adds -val) at to_rank's pointer; returns the old values."""
-        return _atomic(ADD, self._translate(pointer, self.cur_rank, to_rank), -val, None, mask, sem, scope)
+        return self._atomic(ADD, pointer, -val, None, to_rank, mask, sem, scope, F.ATOMIC_SUB)
 
     @gluon.jit
     def atomic_cas(self, pointer, cmp, val, to_rank, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Writes val at to_rank's pointer where it holds cmp; returns the old values."""
-        return _atomic(CAS, self._translate(pointer, self.cur_rank, to_rank), val, cmp, None, sem, scope)
+        return self._atomic(CAS, pointer, val, cmp, to_rank, None, sem, scope, F.ATOMIC_CAS)
 
     @gluon.jit
     def atomic_xchg(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomically swaps val into to_rank's pointer; returns the old values."""
-        return _atomic(XCHG, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+        return self._atomic(XCHG, pointer, val, None, to_rank, mask, sem, scope, F.ATOMIC_XCHG)
 
     @gluon.jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic bitwise xor at to_rank's pointer; returns the old values."""
-        return _atomic(XOR, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+        return self._atomic(XOR, pointer, val, None, to_rank, mask, sem, scope, F.ATOMIC_XOR)
 
     @gluon.jit
     def atomic_and(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic bitwise and at to_rank's pointer; returns the old values."""
-        return _atomic(AND, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+        return self._atomic(AND, pointer, val, None, to_rank, mask, sem, scope, F.ATOMIC_AND)
 
     @gluon.jit
     def atomic_or(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic bitwise or at to_rank's pointer; returns the old values."""
-        return _atomic(OR, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+        return self._atomic(OR, pointer, val, None, to_rank, mask, sem, scope, F.ATOMIC_OR)
 
     @gluon.jit
     def atomic_min(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic minimum at to_rank's pointer; returns the old values."""
-        return _atomic(MIN, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+        return self._atomic(MIN, pointer, val, None, to_rank, mask, sem, scope, F.ATOMIC_MIN)
 
     @gluon.jit
     def atomic_max(self, pointer, val, to_rank, mask=None, sem: gl.constexpr = None, scope: gl.constexpr = None):
         """Atomic maximum at to_rank's pointer; returns the old values."""
-        return _atomic(MAX, self._translate(pointer, self.cur_rank, to_rank), val, None, mask, sem, scope)
+        return self._atomic(MAX, pointer, val, None, to_rank, mask, sem, scope, F.ATOMIC_MAX)
 
     # tile collectives: iris/device/tile_collectives.py's bodies compiled as Gluon (iris/gluon_tiles.py);
     # that module's docstring says what each rank must do before and after. Tiles: iris.gluon.Tile or

@@ -91,6 +91,85 @@ def _rma_rank():
         ctx.close()
 
 
+BAD_OPS = ("load", "store", "get", "put", "copy_from", "copy_to", *(f"atomic_{a}" for a in ATOMICS), "atomic_cas")
+
+
+@gluon.jit
+def _bad_rank_kernel(IrisDeviceCtx: gl.constexpr, context, x, out, flag, bad, OP: gl.constexpr, BLOCK: gl.constexpr):
+    """One IrisDeviceCtx method given the rank `bad` (outside [0, world)): the rank check must refuse it."""
+    ctx = IrisDeviceCtx.initialize(context)
+    layout: gl.constexpr = gl.BlockedLayout([BLOCK // 128], [32], [4], [0])
+    o = gl.arange(0, BLOCK, layout=layout)
+    v = gl.full([BLOCK], 5, gl.int32, layout)
+    if OP == "load":
+        gl.store(out + o, ctx.load(x + o, bad, other=OTHER))
+    elif OP == "store":
+        ctx.store(x + o, v, bad)
+    elif OP == "get":
+        ctx.get(x + o, out + o, bad)
+    elif OP == "put":
+        ctx.put(x + o, x + BLOCK + o, bad)
+    elif OP == "copy_from":
+        ctx.copy(x + o, x + BLOCK + o, bad, ctx.cur_rank)
+    elif OP == "copy_to":
+        ctx.copy(x + o, x + BLOCK + o, ctx.cur_rank, bad)
+    elif OP == "atomic_add":
+        gl.store(out + o, ctx.atomic_add(flag + o, v, bad))
+    elif OP == "atomic_sub":
+        gl.store(out + o, ctx.atomic_sub(flag + o, v, bad))
+    elif OP == "atomic_xchg":
+        gl.store(out + o, ctx.atomic_xchg(flag + o, v, bad))
+    elif OP == "atomic_and":
+        gl.store(out + o, ctx.atomic_and(flag + o, v, bad))
+    elif OP == "atomic_or":
+        gl.store(out + o, ctx.atomic_or(flag + o, v, bad))
+    elif OP == "atomic_xor":
+        gl.store(out + o, ctx.atomic_xor(flag + o, v, bad))
+    elif OP == "atomic_min":
+        gl.store(out + o, ctx.atomic_min(flag + o, v, bad))
+    elif OP == "atomic_max":
+        gl.store(out + o, ctx.atomic_max(flag + o, v + 1000, bad, sem="relaxed", scope="sys"))
+    else:  # atomic_cas: cmp is what every flag holds, so a swap anywhere would show
+        gl.store(out + o, ctx.atomic_cas(flag + o, gl.full([BLOCK], 77, gl.int32, layout), v, bad))
+
+
+def _bad_rank_rank():
+    """Every IrisDeviceCtx method that takes a rank, given world and -1: ctx.barrier() raises one
+    DeviceCheckError naming the call and the ranks, nothing on any rank's heap changed, a load reads
+    `other`, a refused atomic returns 0."""
+    ctx = iris.iris(heap_size=1 << 22)
+    try:
+        r, w = ctx.get_rank(), ctx.get_num_ranks()
+        x = ctx.arange(r * 1000, r * 1000 + 2 * BLOCK, dtype=torch.int32)
+        flag = ctx.full((BLOCK,), 77, dtype=torch.int32)
+        held = [(t, t.clone()) for t in (x, flag)]
+        out = torch.empty(BLOCK, dtype=torch.int32, device=ctx.get_device())
+        fails = []
+        for bad in (w, -1):
+            for op in BAD_OPS:
+                out.fill_(-11)
+                ctx.barrier()
+                _bad_rank_kernel[(1,)](IrisDeviceCtx, ctx.get_device_context(), x, out, flag, bad, op, BLOCK,
+                                       num_warps=4)
+                try:
+                    ctx.barrier()
+                    fails.append(f"rank {r} {op} to rank {bad}: ctx.barrier() raised nothing")
+                except iris.DeviceCheckError as e:
+                    name = "copy" if op.startswith("copy") else op
+                    shown = f"from_rank {r}, to_rank {bad}, world {w}"
+                    if shown not in str(e) or f"iris.{name}" not in str(e):
+                        fails.append(f"rank {r} {op} to rank {bad}: {e}")
+                for t, want in held:
+                    if not torch.equal(t, want):
+                        fails.append(f"rank {r} {op} to rank {bad} changed a heap tensor: {t[:4].tolist()}")
+                want_out = {"load": POISON}.get(op, 0 if op.startswith("atomic") else -11)
+                if not torch.equal(out, torch.full_like(out, want_out)):
+                    fails.append(f"rank {r} {op} to rank {bad}: out {out[:4].tolist()}, want all {want_out}")
+        return fails
+    finally:
+        ctx.close()
+
+
 def triton_cdiv(a, b):
     return -(-a // b)
 
@@ -142,6 +221,16 @@ def _collective_rank(through_ccl=False):
 def test_gluon_device_context_rma_and_atomics():
     """Every IrisDeviceCtx method across 2 ranks; poisoned outputs, every element checked."""
     fails = [f for r in iris.spawn(_rma_rank, 2, timeout=300) for f in r]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.gpu
+def test_gluon_rank_check():
+    """IrisDeviceCtx refuses a rank outside [0, world) as the Triton device functions do (IRIS_RANK_CHECK)."""
+    from iris.device.translate import RANK_CHECK
+    if not RANK_CHECK:
+        pytest.skip("IRIS_RANK_CHECK=0: the rank check is compiled out")
+    fails = [f for r in iris.spawn(_bad_rank_rank, 2, timeout=300) for f in r]
     assert not fails, "\n".join(fails)
 
 
@@ -227,6 +316,12 @@ def test_gluon_kernels_compile_for_sm90(tmp_path):
                                       "olds": "*i32", "flags": "*i32", "cas": "*i32", "me": "i32", "n": "i32",
                                       "BLOCK": "constexpr"}, {"IrisDeviceCtx": IrisDeviceCtx, "BLOCK": BLOCK})
     assert "ld.global" in triton.compile(rma, target=target, options={"num_warps": 4}).asm["ptx"]
+    for op in ("copy_to", "atomic_cas", "atomic_max"):
+        bad = GluonASTSource(_bad_rank_kernel, {"IrisDeviceCtx": "constexpr", "context": "*i64", "x": "*i32",
+                                                "out": "*i32", "flag": "*i32", "bad": "i32", "OP": "constexpr",
+                                                "BLOCK": "constexpr"}, {"IrisDeviceCtx": IrisDeviceCtx, "OP": op,
+                                                                       "BLOCK": BLOCK})
+        assert "st.global" in triton.compile(bad, target=target, options={"num_warps": 4}).asm["ptx"]
     sig = {"IrisDeviceCtx": "constexpr", "context": "*i64", "inp": "*bf16", "out": "*bf16", "M": "i32", "N": "i32",
            "s_im": "i32", "s_in": "i32", "s_om": "i32", "s_on": "i32", "peer_in": "i32", "me_out": "i32",
            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "WARP": "constexpr", "WARPS": "constexpr",

@@ -98,12 +98,19 @@ def _atomic_to(OP: tl.constexpr, ptr, val, cmp, from_rank, to_rank, heap_bases, 
     there and it returns 0; WHAT: the calling function, for the fault record."""
     if RANK_CHECK:
         p, m = _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT, hint)
-        if OP == CAS:  # no mask: a refused lane swaps cmp for cmp in the caller's memory
-            out = tl.where(m, _atomic(CAS, p, tl.where(m, val, cmp), cmp, None, sem, scope), 0)
-        else:
-            out = tl.where(m, _atomic(OP, p, val, cmp, m, sem, scope), 0)
+        out = _atomic_masked(OP, p, val, cmp, m, sem, scope)
     else:
         out = _atomic(OP, _translate(ptr, from_rank, to_rank, heap_bases, hint), val, cmp, mask, sem, scope)
+    return out
+
+
+@triton.jit
+def _atomic_masked(OP: tl.constexpr, p, val, cmp, m, sem: tl.constexpr, scope: tl.constexpr):
+    """_atomic where m is _reach's mask: a refused lane is left alone and returns 0."""
+    if OP == CAS:  # no mask: a refused lane swaps cmp for cmp in the caller's memory
+        out = tl.where(m, _atomic(CAS, p, tl.where(m, val, cmp), cmp, None, sem, scope), 0)
+    else:
+        out = tl.where(m, _atomic(OP, p, val, cmp, m, sem, scope), 0)
     return out
 
 

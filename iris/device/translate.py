@@ -154,6 +154,12 @@ def _reach(ptr, from_rank, to_rank, heap_bases, mask, WHAT: tl.constexpr, hint: 
     passes, as with the check off."""
     if DEBUG:
         _check(ptr, from_rank, to_rank, heap_bases)
+    return _in_world(ptr, from_rank, to_rank, heap_bases, mask, WHAT, hint)
+
+
+@triton.jit
+def _in_world(ptr, from_rank, to_rank, heap_bases, mask, WHAT: tl.constexpr, hint: tl.constexpr = None):
+    """_reach without IRIS_DEBUG's fuller check (Gluon's IrisDeviceCtx calls it: _check is Triton's only)."""
     world = tl.load(heap_bases + WORLD_AT).to(tl.uint64, bitcast=True)
     # one unsigned compare per rank: a negative rank is a huge unsigned one
     ok = (tl.cast(from_rank, tl.int64).to(tl.uint64, bitcast=True) < world) & \
