@@ -15,8 +15,10 @@ of 32 threads; the caller picks the layouts, these methods keep them).
 The rank and world size come from the context tensor at run time (as in Iris), so one compiled
 kernel serves every rank. Every method that takes a rank refuses one outside [0, world) as the Triton
 device functions do (IRIS_RANK_CHECK, on by default): the access is masked out and the host raises
-DeviceCheckError at its next look (ctx.barrier(), ctx.close()). Translation is iris's: a pointer valid in this rank's view, moved by the
-difference of the two ranks' heap bases. Gluon has no interpreter: these kernels run on GPUs only.
+DeviceCheckError at its next look (ctx.barrier(), ctx.close()). Translation is iris's: a pointer
+valid in this rank's view, moved by the difference of the two ranks' heap bases. The bodies they
+share with the Triton device functions (near.py's atomics, translate.py's refusal) are called as
+they are: a @triton.jit function called from a Gluon kernel compiles as Gluon. Gluon has no interpreter: these kernels run on GPUs only.
 A job whose heap has an indirect peer (NVSHMEM) is refused when a kernel compiles.
 
 The tile API (iris/gluon_tiles.py) is here too: Tile, TileView (which takes the layout its indices
@@ -31,14 +33,11 @@ from triton.language.core import _aggregate as aggregate
 
 from . import gluon_tiles as _tiles
 from .device import faults as F
-from .device.near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR, _atomic_masked
-from .device.near import _atomic as _near_atomic
+from .device.near import ADD, AND, CAS, MAX, MIN, OR, XCHG, XOR, _atomic, _atomic_masked
 from .device.translate import RANK_CHECK, _in_world
 from .gluon_tiles import Tile, TileView, make_tensor_view
 
 __all__ = ["IrisDeviceCtx", "Tile", "TileView", "make_tensor_view"]
-
-_atomic = gluon.jit(_near_atomic.fn)  # the one definition of the nine atomics, compiled as Gluon
 
 
 @gluon.jit

@@ -12,7 +12,7 @@ What matters:
 - _atomic is the one definition of the nine atomics on a mapped pointer, and _atomic_to and _put the
   one body of an atomic and a put to a mapped peer (the rank check included): the public functions
   (and the DeviceContext methods through them) and the indirect path's direct side call them;
-  Gluon's IrisDeviceCtx compiles _atomic's body with gluon.jit.
+  Gluon's IrisDeviceCtx calls _atomic and _atomic_masked too (they compile as Gluon there).
 """
 import os
 
