@@ -128,8 +128,8 @@ def sum_and_bound(x, world, gpu, scatter=False):
     order may round it: world * u * sum of |x| (the bound on recursive summation; u = 2^-8 for bf16
     rounded to nearest, twice that for the interpreter, which truncates). Past 2 ranks iris and NCCL add
     in different orders, so they are checked against this, not against each other."""
-    got = []
-    for t in (x.double(), x.double().abs()):
+    got, d = [], x.double()
+    for t in (d, d.abs()):
         if scatter:
             r = torch.empty(t.numel() // world, dtype=torch.float64, device=t.device)
             dist.reduce_scatter_tensor(r, t)
