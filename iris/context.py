@@ -447,9 +447,18 @@ class Iris:
         """Barrier of every rank that runs on the device, in stream order: no host round trip, and
         capturable in a CUDA graph. Collective: all ranks. group: None or every rank."""
         covers_job(group, self.world, "device_barrier")
+        flags, bases = self.reserve.barrier_flags, self.heap.heap_bases
+        self._barrier_launcher.launch_trusted(
+            (flags, self.rank, self.world, bases, max(2, 1 << (self.world - 1).bit_length())),
+            key=(flags.data_ptr(), bases.data_ptr()))
+
+    @cached_property
+    def _barrier_launcher(self):
+        """device_barrier's launches: compiled once, then replayed from a one-kernel CUDA graph (its epoch
+        lives on the device), not bound through Triton's JIT at every call."""
+        from .ccl.launch import Launcher
         from .device.sync import barrier_kernel
-        barrier_kernel[(1,)](self.reserve.barrier_flags, self.rank, self.world, self.heap.heap_bases,
-                             BLOCK=max(2, 1 << (self.world - 1).bit_length()), num_warps=1)
+        return Launcher(barrier_kernel, (1,), num_warps=1)
 
 
 class Scope:

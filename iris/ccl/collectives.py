@@ -108,8 +108,11 @@ class CCL:
         locks or ring flags are fewer than this config's tiles need raises ValueError ("Lock array too
         small", "Flags array too small"), as Iris's does. Collective: all ranks, same order, same sizes."""
         self.order.enter()
-        cfg = self._config(config)
-        ck = cfg.key()
+        if config is None:
+            cfg = self._default
+        else:
+            cfg = checked(config)  # refuses a non-Config
+        ck = cfg.key()  # validates a changed Config, cached otherwise
         if op is None:  # Iris's default
             op = ReduceOp.SUM
         if workspace is not None:

@@ -18,7 +18,7 @@ import torch
 
 class StreamOrder:
     """The stream of the previous collective call, and the wait that moves the chain to a new stream."""
-    __slots__ = ("index", "last", "capturing", "raw", "switches")
+    __slots__ = ("index", "last", "capturing", "raw", "switches", "event", "streams")
 
     def __init__(self, device: torch.device):
         self.index = device.index if device.type == "cuda" else None
@@ -26,6 +26,8 @@ class StreamOrder:
         self.capturing = False    # whether that call was captured
         self.raw = torch._C._cuda_getCurrentRawStream if self.index is not None else None
         self.switches = 0         # waits queued so far (tests and benchmarks read it)
+        self.event = None         # one event serves every switch: a wait takes the record made before it
+        self.streams = {}         # raw stream -> torch.cuda.ExternalStream, made once per stream
 
     def enter(self) -> None:
         """Called before a collective queues anything on the current stream."""
@@ -42,7 +44,16 @@ class StreamOrder:
         if last is None or capturing != self.capturing:
             self.capturing = capturing
             return
-        event = torch.cuda.Event()
-        event.record(torch.cuda.ExternalStream(last, device=self.index))
-        torch.cuda.ExternalStream(stream, device=self.index).wait_event(event)
+        if self.event is None:
+            self.event = torch.cuda.Event()
+        self.event.record(self._stream(last))
+        self._stream(stream).wait_event(self.event)
         self.switches += 1
+
+    def _stream(self, raw: int):
+        s = self.streams.get(raw)
+        if s is None:
+            if len(self.streams) >= 64:  # streams come and go (a caller's side streams): keep a few
+                self.streams.clear()
+            s = self.streams[raw] = torch.cuda.ExternalStream(raw, device=self.index)
+        return s

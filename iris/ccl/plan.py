@@ -40,11 +40,18 @@ class Plan:
     def __call__(self, *tensors, flags=()):
         """Launch with tensors as the kernel's leading arguments and flags as the per_call constexprs."""
         a = self.args
-        a[:len(tensors)] = tensors
-        for i, v in zip(self.per_call, flags):
-            a[i] = v
-        ptrs = tuple(t.data_ptr() for t in tensors)
-        key = (all(p % 16 == 0 for p in ptrs), flags)
+        if len(tensors) == 2:  # the common (inp, out): no generators
+            t0, t1 = tensors
+            a[0], a[1] = t0, t1
+            ptrs = (t0.data_ptr(), t1.data_ptr())
+            key = (not (ptrs[0] | ptrs[1]) & 15, flags)
+        else:
+            a[:len(tensors)] = tensors
+            ptrs = tuple(t.data_ptr() for t in tensors)
+            key = (all(p % 16 == 0 for p in ptrs), flags)
+        if flags:
+            for i, v in zip(self.per_call, flags):
+                a[i] = v
         launcher = self.launchers.get(key)
         if launcher is None:
             launcher = self.launchers[key] = Launcher(self.fn, self.grid, **self.options)
