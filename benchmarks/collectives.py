@@ -305,28 +305,40 @@ def host_costs(ctx, timer, gpu):
     return out
 
 
+SWEEP_BLOCKS = (1024, 2048, 4096, 8192, 16384)  # elements a step (bf16: 2 to 32 KiB)
+SWEEP_WARPS = (4, 8, 16)
+
+
 def sweep(ctx, timer, gpu):
-    """Two-shot kernel parameters at 16 and 64 MiB (heap tensors, graph): the data behind the defaults."""
-    if not gpu or timer.max_bytes < 64 * MiB:
+    """two_shot_push, what "auto" runs above one_shot_max_bytes, on plain tensors, graph-replayed, at 1 to
+    64 MiB over elements a step and warps: the data behind its defaults (iris/ccl/builders.py, shots)."""
+    if not gpu:
         return []
     rows = []
-    for nbytes in (16 * MiB, 64 * MiB):
-        n = nbytes // 2
-        x, y = ctx.empty(n, dtype=torch.bfloat16).normal_(), ctx.empty(n, dtype=torch.bfloat16)
-        for block, warps, sms in ((4096, 8, 0), (8192, 8, 0), (8192, 16, 0), (16384, 16, 0), (8192, 8, 64),
-                                  (4096, 4, 0)):
-            cfg = Config(block_size=block, num_warps=warps or None, comm_sms=sms or None,
-                         all_reduce_variant="two_shot")
-            row = {"bytes": nbytes, "block_size": block, "num_warps": warps, "comm_sms": sms}
-            timer.both(row, "two_shot_heap", lambda: ctx.ccl.all_reduce(y, x, config=cfg), 20)
-            row.pop("two_shot_heap_eager_us", None)
-            rows.append(row)
-            ctx.ccl.free()
-        ctx.free(y)
-        ctx.free(x)
+    for nbytes in (MiB, 4 * MiB, 16 * MiB, 64 * MiB):
+        if nbytes > timer.max_bytes:
+            break
+        x = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=ctx.device)
+        y = torch.empty_like(x)
+        for block in SWEEP_BLOCKS:
+            for warps in SWEEP_WARPS:
+                cfg = Config(block_size=block, num_warps=warps, all_reduce_variant="two_shot_push")
+                row = {"bytes": nbytes, "block_size": block, "num_warps": warps}
+                row["graph_us"] = timer.graph(lambda: ctx.ccl.all_reduce(y, x, config=cfg), 20) * 1e6
+                rows.append(row)
+                ctx.ccl.free()
+        row = {"bytes": nbytes, "block_size": 0, "num_warps": 0}  # the default
+        row["graph_us"] = timer.graph(lambda: ctx.ccl.all_reduce(y, x), 20) * 1e6
+        rows.append(row)
+        ctx.ccl.free()
     if ctx.rank == 0:
-        print("sweep: " + "; ".join(f"{r['bytes'] >> 20}MiB b{r['block_size']} w{r['num_warps']} s{r['comm_sms']}: "
-                                    f"{r.get('two_shot_heap_graph_us', 0):.1f}" for r in rows), flush=True)
+        for nbytes in sorted({r["bytes"] for r in rows}):
+            mine = [r for r in rows if r["bytes"] == nbytes]
+            best = min(mine, key=lambda r: r["graph_us"])
+            print(f"sweep two_shot_push {nbytes >> 20} MiB: best block {best['block_size']} warps "
+                  f"{best['num_warps']} {best['graph_us']:.1f} us; default {mine[-1]['graph_us']:.1f} us; all: "
+                  + " ".join(f"b{r['block_size']}w{r['num_warps']}={r['graph_us']:.1f}" for r in mine[:-1]),
+                  flush=True)
     return rows
 
 

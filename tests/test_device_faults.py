@@ -158,6 +158,7 @@ def _rank_cases(ctx, failures):
     # the heap still works: a put to the next rank, read back there after a barrier
     peer = (rank + 1) % world
     src = ctx.arange(N, dtype=torch.float32) + 100 * rank
+    ctx.barrier()  # the next rank has checked its x above before this put lands there
     _bad_rank[(1,)](x, src, iout, flag, rank, peer, ctx.get_heap_bases(), ctx.get_device_context(), "put", rank,
                     world, N)
     ctx.barrier()

@@ -13,7 +13,7 @@ import torch
 from ..allocators.offsets import round_up
 from .kernels.accumulate import accumulate_kernel
 from .kernels.pull import pull_kernel
-from .kernels.push import gather_push_kernel, push_kernel
+from .kernels.push import gather_push_kernel, push_kernel, scatter_push_kernel
 from .kernels.ring import ring_gather_kernel, ring_kernel, ring_reduce_scatter_kernel
 from .kernels.shots import two_shot_kernel
 from .kernels.tiles import tile_reduce_scatter_kernel
@@ -61,6 +61,8 @@ def whole(ccl, mode, out, inp, op, cfg, src=0) -> Plan:
         return ring_reduce_scatter(ccl, out, inp, op, cfg, mode == "rst")
     if mode == "rst":
         return tile_reduce_scatter(ccl, out, inp, op, cfg)
+    if mode == "rs":
+        return scatter_push(ccl, out, inp, op, cfg)
     return pull(ccl, mode, out, inp, op, cfg, src)
 
 
@@ -74,8 +76,8 @@ def shots(ccl, out, inp, op, cfg, variant):
     """two_shot (pull, then push), one_shot_push and two_shot_push."""
     ctx, n, w = ccl.ctx, inp.numel(), ccl.ctx.world
     block, warps = block_for(cfg.block_size, inp.dtype), 8
-    if variant == "two_shot_push":  # benchmarks/collectives.py --variants: 32 KiB of elements a step, 16 warps
-        block, warps = cfg.block_size or max(16, (32 * _KiB) // inp.element_size()), 16
+    if variant == "two_shot_push":
+        block, warps = cfg.block_size or push_block(-(-n // w) * inp.element_size(), inp.element_size()), 16
     one = variant == "one_shot_push"  # one-shot push: every rank's whole input in every peer's stage
     strided = variant == "two_shot" and cfg.all_reduce_distribution == 0
     if strided:  # whole blocks dealt round robin: a rank's share is a whole number of blocks
@@ -99,6 +101,14 @@ def shots(ccl, out, inp, op, cfg, variant):
         return Plan(two_shot_kernel, programs, opts, workspace, variant, per_call, STRIDED=strided, **common)
     return Plan(push_kernel, programs, opts, workspace, variant, per_call,
                 parity_stride=w * chunk if one else 0, TWO_SHOT=not one, **common)
+
+
+def push_block(share: int, itemsize: int) -> int:
+    """two_shot_push's elements a step for a rank's share of `share` bytes: about a thousand steps a share,
+    4 to 32 KiB each (benchmarks/collectives.py's sweep, 2 and 4 ranks: 1-16 MiB tensors want small
+    steps, so that every SM has some, and 64 MiB and more large ones)."""
+    step = 1 << max(0, (share >> 10).bit_length() - 1)
+    return max(16, min(32 * _KiB, max(4 * _KiB, step)) // itemsize)
 
 
 def accumulate(ccl, out, inp, cfg, lock):
@@ -246,18 +256,38 @@ def tile_reduce_scatter(ccl, out, inp, op, cfg):
                 SPIN=cfg.spin_limit)
 
 
-def pull(ccl, mode, out, inp, op, cfg, src=0):
+def _staged(ccl, n, chunks, inp, cfg):
+    """The sizing and workspace of a kernel that moves n elements a chunk through a stage of two copies
+    (by epoch parity) of `chunks` chunks: (programs, per, cs, (stage, flags, counters))."""
     not_capturing(ccl.ctx.device)
-    ctx, w = ccl.ctx, ccl.ctx.world
-    n = elements(mode, out, inp, w)
-    chunks = w if mode in ("rs", "a2a") else 1
-    block = block_for(cfg.block_size, inp.dtype)
+    ctx = ccl.ctx
     cs = round_up(n, 16)
-    programs, per = split(n, block, cfg.comm_sms)
+    programs, per = split(n, block_for(cfg.block_size, inp.dtype), cfg.comm_sms)
     stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
-    flags = ctx.zeros(programs * w, dtype=torch.int64)
+    flags = ctx.zeros(programs * ctx.world, dtype=torch.int64)
     counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
     ctx.barrier()  # every rank's flags are zero before any rank signals into them
+    return programs, per, cs, (stage, flags, counters)
+
+
+def scatter_push(ccl, out, inp, op, cfg):
+    """reduce_scatter two_shot: every rank stores each peer's chunk into a slot of that peer's stage."""
+    ctx, w, n = ccl.ctx, ccl.ctx.world, out.numel()
+    programs, per, cs, (stage, flags, counters) = _staged(ccl, n, w, inp, cfg)
+    return Plan(scatter_push_kernel, programs, options(cfg, 8), (stage, flags, counters), "two_shot",
+                inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
+                n=n, cs=cs, per=per, parity_stride=w * cs, rank=ctx.rank, WORLD=w, PEERS=pow2(w), OP=op.value,
+                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block_for(cfg.block_size, inp.dtype),
+                SPIN=cfg.spin_limit)
+
+
+def pull(ccl, mode, out, inp, op, cfg, src=0):
+    """all_reduce one_shot, all_gather pull, all_to_all and broadcast: stage, exchange, read the peers."""
+    ctx, w = ccl.ctx, ccl.ctx.world
+    n = elements(mode, out, inp, w)
+    chunks = w if mode == "a2a" else 1
+    block = block_for(cfg.block_size, inp.dtype)
+    programs, per, cs, (stage, flags, counters) = _staged(ccl, n, chunks, inp, cfg)
     return Plan(pull_kernel, programs, options(cfg, 8), (stage, flags, counters), "one_shot",
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, cs=cs, per=per, parity_stride=chunks * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,

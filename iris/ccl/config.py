@@ -50,7 +50,7 @@ class Config:
     waves_per_eu (an AMD occupancy hint, no effect on NVIDIA).
 
     iris's own: block_size (elements a program moves per step in the flat kernels, a power of two;
-    0: by dtype, benchmarks/collectives.py chose 16 KiB worth, 32 KiB for two_shot_push);
+    0: by dtype, benchmarks/collectives.py chose 16 KiB worth; two_shot_push 4 to 32 KiB by size);
     one_shot_max_bytes (the largest all_reduce that "auto" does in one shot; 0: 4 MiB on 2 ranks,
     256 KiB on more, from benchmarks/results/collectives_variants-gpu-2ranks.json); spin_limit (the
     most polls of a flag before a program gives up; None: IRIS_SPIN_LIMIT, a few minutes; 0 waits for

@@ -1,5 +1,5 @@
-"""The pull kernel: all_reduce one-shot, all_gather, reduce_scatter, all_to_all and broadcast by staging
-this rank's input, one flag exchange, and reading the peers' staged copies."""
+"""The pull kernel: all_reduce one-shot, all_gather, all_to_all and broadcast by staging this rank's
+input, one flag exchange, and reading the peers' staged copies."""
 import triton
 import triton.language as tl
 
@@ -11,13 +11,14 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
                 WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
                 IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """Stage this rank's input in the heap, exchange one flag per peer, then build out from the peers'
-    staged copies. MODE: "ar" all_reduce, "ag" all_gather, "bc" broadcast from src, "rs"
-    reduce_scatter, "a2a" all_to_all. n: elements per chunk; stage holds two copies (by epoch parity,
-    parity_stride apart) of CHUNKS chunks cs apart (1 chunk, or WORLD for rs and a2a); per: elements
-    of each chunk per program (a multiple of BLOCK); cols: columns per rank for a2a.
-    Double buffering by parity makes one exchange enough: a rank rewrites a stage copy only after
-    every peer has entered the next call, so after it finished reading that copy."""
-    CHUNKS: tl.constexpr = WORLD if (MODE == "rs" or MODE == "a2a") else 1
+    staged copies. MODE: "ar" all_reduce, "ag" all_gather, "bc" broadcast from src, "a2a" all_to_all.
+    n: elements per chunk; stage holds two copies (by epoch parity, parity_stride apart) of CHUNKS
+    chunks cs apart (1 chunk, or WORLD for a2a); per: elements of each chunk per program (a multiple
+    of BLOCK); cols: columns per rank for a2a. Double buffering by parity makes one exchange enough:
+    a rank rewrites a stage copy only after every peer has entered the next call, so after it
+    finished reading that copy. This rank's own part goes from inp to out while staging; the peers'
+    parts are read in turn from rank + 1 on."""
+    CHUNKS: tl.constexpr = WORLD if MODE == "a2a" else 1
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
     buf = stage + (e % 2) * parity_stride
@@ -28,29 +29,43 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
                 o = s + ar
                 mask = o < n
                 if MODE == "a2a":
-                    x = tl.load(inp + _a2a_index(o, c, cols, WORLD), mask=mask)
+                    at = _a2a_index(o, c, cols, WORLD)
+                    x = tl.load(inp + at, mask=mask)
+                    if c == rank:  # the own column block goes straight to out
+                        tl.store(out + at, x, mask=mask)
+                    else:
+                        tl.store(buf + c * cs + o, x, mask=mask)
                 else:
-                    x = tl.load(inp + c * n + o, mask=mask)
-                tl.store(buf + c * cs + o, x, mask=mask)
+                    x = tl.load(inp + o, mask=mask)
+                    tl.store(buf + o, x, mask=mask)
+                    if MODE == "ag":
+                        tl.store(out + rank * n + o, x, mask=mask)
+                    elif MODE == "bc":
+                        tl.store(out + o, x, mask=mask)
     _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
-    if MODE == "ar" or MODE == "rs":
-        at = buf if MODE == "ar" else buf + rank * cs
+    if MODE == "ar":
         for s in range(lo, hi, BLOCK):
             o = s + ar
             mask = o < n
-            acc = _reduce_ranks(at, o, mask, heap_bases, mine, WORLD, VEC, OP, IS_FLOAT)
+            acc = _reduce_ranks(buf, o, mask, heap_bases, mine, WORLD, VEC, OP, IS_FLOAT)
             tl.store(out + o, acc.to(out.dtype.element_ty), mask=mask)
+    elif MODE == "bc":
+        if rank != src:
+            peer = buf + _peer_offset(heap_bases, src, mine, VEC)
+            for s in range(lo, hi, BLOCK):
+                o = s + ar
+                mask = o < n
+                tl.store(out + o, tl.load(peer + o, mask=mask), mask=mask)
     else:
-        for q in tl.static_range(WORLD):
-            if MODE != "bc" or q == src:
-                peer = buf + _peer_offset(heap_bases, q, mine, VEC)
-                for s in range(lo, hi, BLOCK):
-                    o = s + ar
-                    mask = o < n
-                    if MODE == "ag":
-                        tl.store(out + q * n + o, tl.load(peer + o, mask=mask), mask=mask)
-                    elif MODE == "a2a":
-                        x = tl.load(peer + rank * cs + o, mask=mask)
-                        tl.store(out + _a2a_index(o, q, cols, WORLD), x, mask=mask)
-                    else:
-                        tl.store(out + o, tl.load(peer + o, mask=mask), mask=mask)
+        for i in tl.static_range(1, WORLD):
+            # each rank starts at the next peer, so no rank serves every reader at once
+            q = (rank + i) % WORLD
+            peer = buf + _peer_offset(heap_bases, q, mine, VEC)
+            for s in range(lo, hi, BLOCK):
+                o = s + ar
+                mask = o < n
+                if MODE == "ag":
+                    tl.store(out + q * n + o, tl.load(peer + o, mask=mask), mask=mask)
+                else:
+                    x = tl.load(peer + rank * cs + o, mask=mask)
+                    tl.store(out + _a2a_index(o, q, cols, WORLD), x, mask=mask)

@@ -1,6 +1,6 @@
-"""Collectives by remote stores only: the push all_reduce (one or two shots) and the push all_gather
-(persistent: each program stores its range into every rank; partitioned: the programs are split by
-destination rank)."""
+"""Collectives by remote stores only: the push all_reduce (one or two shots), reduce_scatter (the first
+shot alone) and the push all_gather (persistent: each program stores its range into every rank;
+partitioned: the programs are split by destination rank)."""
 import triton
 import triton.language as tl
 
@@ -48,17 +48,7 @@ def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, 
         else:
             g = i
         mask = (i < hi) & (g < n)
-        for q in tl.static_range(WORLD):
-            if q == rank:
-                v = tl.load(inp + g, mask=mask)
-            else:
-                v = tl.load(buf + q * chunk + i, mask=mask)
-            y = v.to(tl.float32) if IS_FLOAT else v
-            if q == 0:
-                acc = y
-            else:
-                acc = _combine(acc, y, OP)
-        r = acc.to(out.dtype.element_ty)
+        r = _reduce_slots(inp + g, buf + i, chunk, mask, rank, WORLD, OP, IS_FLOAT).to(out.dtype.element_ty)
         tl.store(out + g, r, mask=mask)
         if TWO_SHOT:
             for q in tl.static_range(WORLD):
@@ -78,6 +68,52 @@ def push_kernel(inp, out, stage, gather, flags, counters, heap_bases, n, chunk, 
                         g = c * chunk + i
                         mask = (i < hi) & (g < n)
                         tl.store(out + g, tl.load(gather + g, mask=mask), mask=mask)
+
+
+@triton.jit
+def _reduce_slots(own, slots, stride, mask, rank, WORLD: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr):
+    """own (this rank's values) and slot q of slots (stride apart, q != rank) combined by OP in rank order,
+    floats in fp32, so every rank that reduces the same values gets the same bits."""
+    for q in tl.static_range(WORLD):
+        if q == rank:
+            v = tl.load(own, mask=mask)
+        else:
+            v = tl.load(slots + q * stride, mask=mask)
+        y = v.to(tl.float32) if IS_FLOAT else v
+        if q == 0:
+            acc = y
+        else:
+            acc = _combine(acc, y, OP)
+    return acc
+
+
+@triton.jit
+def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity_stride, rank,
+                        WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
+                        BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """reduce_scatter by remote stores: rank r stores chunk q of its input (the n elements at q * n) into
+    slot r of peer q's stage (slots cs apart), exchanges one flag, then reduces its own chunk from its
+    input and the WORLD-1 slots (_reduce_slots). The input is read once and never copied locally (a
+    pull would stage all of it first). Peers are taken in turn from rank + 1, so no rank receives from
+    every other at once. The stage alternates between two copies (parity_stride apart) by epoch
+    parity, so one exchange is enough, as in push_kernel's one shot."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
+    buf = stage + (e % 2) * parity_stride
+    ar = tl.arange(0, BLOCK)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        mask = i < hi
+        for j in tl.static_range(1, WORLD):
+            q = (rank + j) % WORLD
+            x = tl.load(inp + q * n + i, mask=mask)
+            tl.store(buf + _peer_offset(heap_bases, q, mine, VEC) + rank * cs + i, x, mask=mask)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+    for s in range(lo, hi, BLOCK):
+        i = s + ar
+        mask = i < hi
+        acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
+        tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
