@@ -86,6 +86,30 @@ def check_moves(ctx, rows, dtype, cfg=None, rep=0):
     return bad
 
 
+def check_split_broadcast(ctx, cfg):
+    """The scatter + all_gather broadcast (GPUs take it from 1 MiB over 3 or more ranks) at every size here:
+    every src, a size whose last piece is short, out of place and in place, back to back over both copies
+    of its stage."""
+    from iris.ccl import builders
+    keep, builders.SPLIT_BROADCAST = builders.SPLIT_BROADCAST, 0
+    r, w, bad = ctx.rank, ctx.world, []
+    try:
+        for rep in range(2 * w):
+            src = rep % w
+            xs = [_data((67,), torch.float32, q, rep, ctx.device) for q in range(w)]
+            out = _poisoned((67,), torch.float32, ctx.device)
+            x = xs[r].clone()
+            ctx.ccl.broadcast(out, x, src=src, config=cfg)
+            ctx.ccl.broadcast(x, x, src=src, config=cfg)
+            if w > 2 and ctx.ccl.plans and not any(getattr(p, "variant", "") == "scatter_all_gather"
+                                                   for p in ctx.ccl.plans.values()):
+                bad.append("the split broadcast did not run")
+            bad += [] if _same(out, xs[src]) and _same(x, xs[src]) else [("split broadcast", src, rep)]
+    finally:
+        builders.SPLIT_BROADCAST = keep
+    return bad
+
+
 def check_repeats(ctx, n, cfg, reps, dtype=torch.float32):
     """Back to back calls with new data each time and poisoned outputs; the workspace is reused."""
     r, w, dev = ctx.rank, ctx.world, ctx.device
@@ -191,6 +215,7 @@ def rank_host(dtypes, reps):
                             heap=True)
     for dtype in dtypes[1::2]:
         bad += check_moves(ctx, (5, 7), dtype, one)
+    bad += check_split_broadcast(ctx, one)
     single = Config(block_size=16, comm_sms=1)
     bad += check_repeats(ctx, 45, single, reps)
     for v in ("two_shot", "one_shot_push", "two_shot_push"):

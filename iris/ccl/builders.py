@@ -12,7 +12,7 @@ import torch
 
 from ..allocators.offsets import round_up
 from .kernels.accumulate import accumulate_kernel
-from .kernels.pull import pull_kernel
+from .kernels.pull import broadcast_kernel, pull_kernel
 from .kernels.push import gather_push_kernel, push_kernel, scatter_push_kernel
 from .kernels.ring import ring_gather_kernel, ring_kernel, ring_reduce_scatter_kernel
 from .kernels.shots import two_shot_kernel
@@ -23,6 +23,7 @@ from .plan import Plan, block_for, knobs, options, pow2, split
 from . import puts
 
 _KiB, _MiB = 1 << 10, 1 << 20
+SPLIT_BROADCAST = _MiB  # bytes from which a broadcast over 3+ ranks is a scatter then an all_gather
 
 
 def all_reduce(ccl, out, inp, op, cfg) -> Plan:
@@ -63,6 +64,8 @@ def whole(ccl, mode, out, inp, op, cfg, src=0) -> Plan:
         return tile_reduce_scatter(ccl, out, inp, op, cfg)
     if mode == "rs":
         return scatter_push(ccl, out, inp, op, cfg)
+    if mode == "bc" and ccl.ctx.world > 2 and inp.numel() * inp.element_size() >= SPLIT_BROADCAST:
+        return broadcast(ccl, out, inp, cfg, src)
     return pull(ccl, mode, out, inp, op, cfg, src)
 
 
@@ -256,15 +259,16 @@ def tile_reduce_scatter(ccl, out, inp, op, cfg):
                 SPIN=cfg.spin_limit)
 
 
-def _staged(ccl, n, chunks, inp, cfg):
+def _staged(ccl, n, chunks, inp, cfg, rows=1):
     """The sizing and workspace of a kernel that moves n elements a chunk through a stage of two copies
-    (by epoch parity) of `chunks` chunks: (programs, per, cs, (stage, flags, counters))."""
+    (by epoch parity) of `chunks` chunks, with `rows` flag exchanges: (programs, per, cs, (stage, flags,
+    counters))."""
     not_capturing(ccl.ctx.device)
     ctx = ccl.ctx
     cs = round_up(n, 16)
     programs, per = split(n, block_for(cfg.block_size, inp.dtype), cfg.comm_sms)
     stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
-    flags = ctx.zeros(programs * ctx.world, dtype=torch.int64)
+    flags = ctx.zeros(rows * programs * ctx.world, dtype=torch.int64)
     counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
     ctx.barrier()  # every rank's flags are zero before any rank signals into them
     return programs, per, cs, (stage, flags, counters)
@@ -279,6 +283,18 @@ def scatter_push(ccl, out, inp, op, cfg):
                 n=n, cs=cs, per=per, parity_stride=w * cs, rank=ctx.rank, WORLD=w, PEERS=pow2(w), OP=op.value,
                 IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block_for(cfg.block_size, inp.dtype),
                 SPIN=cfg.spin_limit)
+
+
+def broadcast(ccl, out, inp, cfg, src):
+    """broadcast as a scatter then an all_gather: src's links carry the tensor about once, where a pull
+    from src carries it once per peer (world - 1 times)."""
+    ctx, w, n = ccl.ctx, ccl.ctx.world, inp.numel()
+    piece = round_up(-(-n // w), 16)
+    programs, per, _, (stage, flags, counters) = _staged(ccl, piece, w, inp, cfg, rows=2)
+    return Plan(broadcast_kernel, programs, options(cfg, 8), (stage, flags, counters), "scatter_all_gather",
+                inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
+                n=n, piece=piece, per=per, parity_stride=w * piece, rank=ctx.rank, src=src, WORLD=w,
+                PEERS=pow2(w), BLOCK=block_for(cfg.block_size, inp.dtype), SPIN=cfg.spin_limit)
 
 
 def pull(ccl, mode, out, inp, op, cfg, src=0):

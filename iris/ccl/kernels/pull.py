@@ -1,5 +1,6 @@
-"""The pull kernel: all_reduce one-shot, all_gather, all_to_all and broadcast by staging this rank's
-input, one flag exchange, and reading the peers' staged copies."""
+"""The pull kernels: all_reduce one-shot, all_gather, all_to_all and broadcast by staging this rank's
+input, one flag exchange, and reading the peers' staged copies; and the large broadcast over more
+than two ranks, a scatter then an all_gather (two exchanges)."""
 import triton
 import triton.language as tl
 
@@ -69,3 +70,45 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
                 else:
                     x = tl.load(peer + rank * cs + o, mask=mask)
                     tl.store(out + _a2a_index(o, q, cols, WORLD), x, mask=mask)
+
+
+@triton.jit
+def broadcast_kernel(inp, out, stage, flags, counters, heap_bases, n, piece, per, parity_stride, rank, src,
+                     WORLD: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """broadcast from src as a scatter, then an all_gather, so that src's links carry the tensor about
+    once instead of once per peer: src stages inp (n elements) and copies it to out; after one exchange
+    every other rank r copies piece r (piece elements at r * piece) from src's stage into its own stage
+    and out; after a second exchange it reads each other piece q from rank q's stage (src's holds
+    every piece), in turn from rank + 1. per: elements of a piece per program (a multiple of BLOCK).
+    The stage alternates between two copies (parity_stride apart) by epoch parity: src rewrites a copy
+    two calls later, after every peer has entered the call between, so finished reading it."""
+    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
+    pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, piece)
+    buf = stage + (e % 2) * parity_stride
+    ar = tl.arange(0, BLOCK)
+    if rank == src:
+        for q in range(WORLD):
+            for s in range(lo, hi, BLOCK):
+                o = q * piece + s + ar
+                mask = (s + ar < hi) & (o < n)
+                x = tl.load(inp + o, mask=mask)
+                tl.store(buf + o, x, mask=mask)
+                tl.store(out + o, x, mask=mask)
+    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+    if rank != src:
+        frm = buf + _peer_offset(heap_bases, src, mine, VEC)
+        for s in range(lo, hi, BLOCK):
+            o = rank * piece + s + ar
+            mask = (s + ar < hi) & (o < n)
+            x = tl.load(frm + o, mask=mask)
+            tl.store(buf + o, x, mask=mask)
+            tl.store(out + o, x, mask=mask)
+    _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
+    if rank != src:
+        for i in tl.static_range(1, WORLD):
+            q = (rank + i) % WORLD
+            frm = buf + _peer_offset(heap_bases, q, mine, VEC)
+            for s in range(lo, hi, BLOCK):
+                o = q * piece + s + ar
+                mask = (s + ar < hi) & (o < n)
+                tl.store(out + o, tl.load(frm + o, mask=mask), mask=mask)
