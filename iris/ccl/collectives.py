@@ -175,8 +175,9 @@ class CCL:
         block_size_n tiles in Iris's order, swizzle_size tile rows per group, dealt to the ranks by
         Config.all_reduce_distribution: 0 round robin, 1 a contiguous run each) get those tiles of inp
         reduced over all ranks; out's other elements are left as they were. Config.reduce_scatter_variant:
-        "two_shot" (each rank stages its input, then reduces its own part by reading it from every
-        peer) or "ring_chunked" (each part travels the ring rank -> rank + 1, every rank adding its
+        "two_shot" (torch's layout: each rank stores every peer's rows into that peer's stage, then
+        reduces its own rows locally; Iris's: each rank stages its input, then reduces its own tiles by
+        reading them from every peer) or "ring_chunked" (each part travels the ring rank -> rank + 1, every rank adding its
         input, and ends at its owner; either layout). workspace= is accepted for Iris
         compatibility (plans are found by shape); an iris.ccl.reduce_scatter.ReduceScatterWorkspace
         whose flags are fewer than ring_chunked's tiles raises ValueError. Collective: all ranks (of the group), same order,
