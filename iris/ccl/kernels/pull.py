@@ -73,6 +73,18 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
 
 
 @triton.jit
+def _keep(frm, buf, out, at, lo, hi, n, BLOCK: tl.constexpr):
+    """Elements [at + lo, at + hi) of frm, below n, into both buf and out (the same offsets)."""
+    ar = tl.arange(0, BLOCK)
+    for s in range(lo, hi, BLOCK):
+        o = at + s + ar
+        mask = (s + ar < hi) & (o < n)
+        x = tl.load(frm + o, mask=mask)
+        tl.store(buf + o, x, mask=mask)
+        tl.store(out + o, x, mask=mask)
+
+
+@triton.jit
 def broadcast_kernel(inp, out, stage, flags, counters, heap_bases, n, piece, per, parity_stride, rank, src,
                      WORLD: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """broadcast from src as a scatter, then an all_gather, so that src's links carry the tensor about
@@ -88,21 +100,10 @@ def broadcast_kernel(inp, out, stage, flags, counters, heap_bases, n, piece, per
     ar = tl.arange(0, BLOCK)
     if rank == src:
         for q in range(WORLD):
-            for s in range(lo, hi, BLOCK):
-                o = q * piece + s + ar
-                mask = (s + ar < hi) & (o < n)
-                x = tl.load(inp + o, mask=mask)
-                tl.store(buf + o, x, mask=mask)
-                tl.store(out + o, x, mask=mask)
+            _keep(inp, buf, out, q * piece, lo, hi, n, BLOCK)
     _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     if rank != src:
-        frm = buf + _peer_offset(heap_bases, src, mine, VEC)
-        for s in range(lo, hi, BLOCK):
-            o = rank * piece + s + ar
-            mask = (s + ar < hi) & (o < n)
-            x = tl.load(frm + o, mask=mask)
-            tl.store(buf + o, x, mask=mask)
-            tl.store(out + o, x, mask=mask)
+        _keep(buf + _peer_offset(heap_bases, src, mine, VEC), buf, out, rank * piece, lo, hi, n, BLOCK)
     _exchange(flags + (tl.num_programs(0) + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
     if rank != src:
         for i in tl.static_range(1, WORLD):
