@@ -261,28 +261,28 @@ def tile_reduce_scatter(ccl, out, inp, op, cfg):
 
 def _staged(ccl, n, chunks, inp, cfg, rows=1):
     """The sizing and workspace of a kernel that moves n elements a chunk through a stage of two copies
-    (by epoch parity) of `chunks` chunks, with `rows` flag exchanges: (programs, per, cs, (stage, flags,
-    counters))."""
+    (by epoch parity) of `chunks` chunks, with `rows` flag exchanges: (programs, per, block, cs, (stage,
+    flags, counters))."""
     not_capturing(ccl.ctx.device)
     ctx = ccl.ctx
     cs = round_up(n, 16)
-    programs, per = split(n, block_for(cfg.block_size, inp.dtype), cfg.comm_sms)
+    block = block_for(cfg.block_size, inp.dtype)
+    programs, per = split(n, block, cfg.comm_sms)
     stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
     flags = ctx.zeros(rows * programs * ctx.world, dtype=torch.int64)
     counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
     ctx.barrier()  # every rank's flags are zero before any rank signals into them
-    return programs, per, cs, (stage, flags, counters)
+    return programs, per, block, cs, (stage, flags, counters)
 
 
 def scatter_push(ccl, out, inp, op, cfg):
     """reduce_scatter two_shot: every rank stores each peer's chunk into a slot of that peer's stage."""
     ctx, w, n = ccl.ctx, ccl.ctx.world, out.numel()
-    programs, per, cs, (stage, flags, counters) = _staged(ccl, n, w, inp, cfg)
+    programs, per, block, cs, (stage, flags, counters) = _staged(ccl, n, w, inp, cfg)
     return Plan(scatter_push_kernel, programs, options(cfg, 8), (stage, flags, counters), "two_shot",
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, cs=cs, per=per, parity_stride=w * cs, rank=ctx.rank, WORLD=w, PEERS=pow2(w), OP=op.value,
-                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block_for(cfg.block_size, inp.dtype),
-                SPIN=cfg.spin_limit)
+                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit)
 
 
 def broadcast(ccl, out, inp, cfg, src):
@@ -290,11 +290,11 @@ def broadcast(ccl, out, inp, cfg, src):
     from src carries it once per peer (world - 1 times)."""
     ctx, w, n = ccl.ctx, ccl.ctx.world, inp.numel()
     piece = round_up(-(-n // w), 16)
-    programs, per, _, (stage, flags, counters) = _staged(ccl, piece, w, inp, cfg, rows=2)
+    programs, per, block, _, (stage, flags, counters) = _staged(ccl, piece, w, inp, cfg, rows=2)
     return Plan(broadcast_kernel, programs, options(cfg, 8), (stage, flags, counters), "scatter_all_gather",
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, piece=piece, per=per, parity_stride=w * piece, rank=ctx.rank, src=src, WORLD=w,
-                PEERS=pow2(w), BLOCK=block_for(cfg.block_size, inp.dtype), SPIN=cfg.spin_limit)
+                PEERS=pow2(w), BLOCK=block, SPIN=cfg.spin_limit)
 
 
 def pull(ccl, mode, out, inp, op, cfg, src=0):
@@ -302,8 +302,7 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
     ctx, w = ccl.ctx, ccl.ctx.world
     n = elements(mode, out, inp, w)
     chunks = w if mode == "a2a" else 1
-    block = block_for(cfg.block_size, inp.dtype)
-    programs, per, cs, (stage, flags, counters) = _staged(ccl, n, chunks, inp, cfg)
+    programs, per, block, cs, (stage, flags, counters) = _staged(ccl, n, chunks, inp, cfg)
     return Plan(pull_kernel, programs, options(cfg, 8), (stage, flags, counters), "one_shot",
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, cs=cs, per=per, parity_stride=chunks * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
