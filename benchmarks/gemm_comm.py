@@ -5,11 +5,12 @@
     python -m iris.run -n 2 benchmarks/gemm_comm.py --dry-run       # tiny sizes on the host, no GPU
 
 gemm: iris.ops.matmul (persistent, TMA) against torch.matmul (cuBLAS) at 8192^3 and 4096x8192x8192
-bf16, several tile configs, TFLOP/s (rank 0's GPU). fused (A sharded by rows, bf16): all_gather_matmul
-and matmul_all_gather at M=8192, K=N=8192 against torch.matmul alone (the floor: no communication),
-NCCL collective + torch.matmul, and torch.ops.symm_mem.fused_all_gather_matmul; matmul_reduce_scatter
-at the same shape against matmul + reduce_scatter_tensor and symm_mem.fused_matmul_reduce_scatter;
-matmul_all_reduce (row-parallel, K sharded) at M = 128..2048, K=N=8192 against matmul + all_reduce.
+bf16, several tile configs, TFLOP/s (rank 0's GPU). fused (bf16, K = N = --nk, every M of --ms, the
+output's rows): all_gather_matmul and matmul_all_gather (A sharded by rows) against torch.matmul
+alone (the floor: no communication), NCCL collective + torch.matmul, and
+torch.ops.symm_mem.fused_all_gather_matmul; matmul_reduce_scatter and matmul_all_reduce
+(row-parallel, K sharded) against matmul + reduce_scatter_tensor / all_reduce and
+symm_mem.fused_matmul_reduce_scatter; matmul_all_reduce also at the rows of --small-ms.
 Each iris op in both variants (FusedConfig.variant "fused": the persistent kernel; "streamed": cuBLAS
 by chunks with copy-engine transfers, at several chunk counts) and as dispatched by default ("iris").
 Each eager (CUDA events around each call) and replayed from a CUDA graph; medians in microseconds.
@@ -104,21 +105,23 @@ def check(name, got, want):
 
 
 def _variants():
-    """label -> FusedConfig, per op. streamed_<chunks>_ccl<n>: matmul_all_reduce's chunks reduced by
-    ctx.ccl.all_reduce on n programs instead of the copy engine and an add; fused_bn64: narrower
+    """label -> FusedConfig, per op. streamed_<chunks>: that many chunks per owner's rows (all_reduce,
+    reduce_scatter, matmul_all_gather); streamed_2_ccl32: matmul_all_reduce's chunks reduced by ctx.ccl.all_reduce on 32
+    programs instead of the copy engines; fused_bn64: narrower
     tiles (more waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot
     kernel (Iris's tile ownership) with the same tiles. Tiles chosen by shape, as with config=None."""
     def F(**kw):
         return FusedConfig(**{**dict(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8,
                                      all_reduce_variant="one_shot"), **kw})
     return {"ag": {"fused": F(variant="fused"), "streamed": F(variant="streamed")},
+            "mag": {"fused": F(variant="fused"), "streamed_2": F(variant="streamed", chunks=2),
+                    "streamed_4": F(variant="streamed", chunks=4)},
             "rs": {"fused": F(variant="fused"), "streamed_2": F(variant="streamed", chunks=2),
                    "streamed_4": F(variant="streamed", chunks=4)},
             "ar": {"fused": F(variant="fused"), "two_shot": F(variant="fused", all_reduce_variant="two_shot"),
                    "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
                    **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (1, 2, 4)},
-                   **{f"streamed_{c}_ccl{n}": F(variant="streamed", chunks=c, comm_sms=n)
-                      for c, n in ((1, 132), (2, 16), (2, 32), (4, 32))}}}
+                   "streamed_2_ccl32": F(variant="streamed", chunks=2, comm_sms=32)}}
 
 
 def variants(row, kind, dev, reps, call, name, got, want):
@@ -134,7 +137,8 @@ def variants(row, kind, dev, reps, call, name, got, want):
             row[label] = f"failed: {type(e).__name__}: {str(e)[:300]}"
 
 
-def part_fused(ctx, dev, M, K, N, ar_ms, reps):
+def part_fused(ctx, dev, M, K, N, reps):
+    """Every op at M rows (the whole output's), K = N: one row per op, each checked, then timed."""
     r, w = ctx.get_rank(), ctx.get_num_ranks()
     bf = torch.bfloat16
     m = M // w
@@ -177,13 +181,14 @@ def part_fused(ctx, dev, M, K, N, ar_ms, reps):
     ref_mag()
     ctx.ops.matmul_all_gather(Ch, A_loc, B)
     row = {"M": M, "K": K, "N": N, "max_abs_err": check("matmul_all_gather", Ch, C_ref)}
-    row["iris"] = both(dev, lambda: ctx.ops.matmul_all_gather(Ch, A_loc, B), reps)
+    variants(row, "mag", dev, reps, lambda cfg: ctx.ops.matmul_all_gather(Ch, A_loc, B, config=cfg),
+             "matmul_all_gather", Ch, C_ref)
     row["matmul_alone"] = both(dev, lambda: torch.matmul(A_loc, B, out=part), reps)
     row["matmul_then_nccl_all_gather"] = both(dev, ref_mag, reps)
     out["matmul_all_gather"] = row
     del Ch
 
-    # matmul_reduce_scatter: A (M x K/w), B (K/w x N) per rank
+    # matmul_reduce_scatter and matmul_all_reduce, row-parallel: A (M x K/w), B (K/w x N) per rank
     k = K // w
     A_rp = torch.randn(M, k, device=dev, dtype=bf)
     B_rp = torch.randn(k, N, device=dev, dtype=bf) / K ** 0.5
@@ -208,43 +213,38 @@ def part_fused(ctx, dev, M, K, N, ar_ms, reps):
     except Exception as e:  # noqa: BLE001
         row["torch_symm_mem_fused"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
     out["matmul_reduce_scatter"] = row
-
-    # matmul_all_reduce at small M
-    rows = []
-    for mm in ar_ms:
-        A_ar = torch.randn(mm, k, device=dev, dtype=bf)
-        Co = torch.empty(mm, N, device=dev, dtype=bf)
-        Co_ref = torch.empty(mm, N, device=dev, dtype=bf)
-
-        def ref_ar():
-            torch.matmul(A_ar, B_rp, out=Co_ref)
-            dist.all_reduce(Co_ref)
-        ref_ar()
-        ctx.ops.matmul_all_reduce(Co, A_ar, B_rp)
-        row = {"M": mm, "K": K, "N": N, "max_abs_err": check(f"matmul_all_reduce M={mm}", Co, Co_ref)}
-        variants(row, "ar", dev, reps, lambda cfg: ctx.ops.matmul_all_reduce(Co, A_ar, B_rp, config=cfg),
-                 f"matmul_all_reduce M={mm}", Co, Co_ref)
-        row["matmul_alone"] = both(dev, lambda: torch.matmul(A_ar, B_rp, out=Co_ref), reps)
-        row["matmul_then_nccl_all_reduce"] = both(dev, ref_ar, reps)
-        rows.append(row)
-        if r == 0:
-            print(f"matmul_all_reduce M={mm}: " + ", ".join(f"{kk} {fmt(v)}" for kk, v in row.items()
-                                                            if kk not in ("M", "K", "N", "max_abs_err")), flush=True)
-    out["matmul_all_reduce"] = rows
-    out["streamed_capture_failures"] = sorted({ws["no_graph"][:300] for ws in ctx.ops._workspaces.values()
-                                               if "no_graph" in ws})
+    del Cs, Cs_ref
+    out["matmul_all_reduce"] = part_all_reduce(ctx, dev, M, A_rp, B_rp, C, C_ref, reps)
     if r == 0:
-        print("streamed capture failures:", out["streamed_capture_failures"], flush=True)
-        for name in ("all_gather_matmul", "matmul_all_gather", "matmul_reduce_scatter"):
-            print(name, ", ".join(f"{kk} {fmt(v)}" for kk, v in out[name].items()
-                                  if kk not in ("M", "K", "N", "max_abs_err")), flush=True)
+        for name, row in out.items():
+            print(f"{name} M={M}: " + ", ".join(f"{kk} {fmt(v)}" for kk, v in row.items()
+                                                 if kk not in ("M", "K", "N", "max_abs_err")), flush=True)
     return out
+
+
+def part_all_reduce(ctx, dev, M, A, B, Co, Co_ref, reps):
+    """matmul_all_reduce: A (M x k), B (k x N) per rank; the sum of the products on every rank."""
+    def ref_ar():
+        torch.matmul(A, B, out=Co_ref)
+        dist.all_reduce(Co_ref)
+    ref_ar()
+    ctx.ops.matmul_all_reduce(Co, A, B)
+    row = {"M": M, "K": A.shape[1] * ctx.get_num_ranks(), "N": B.shape[1],
+           "max_abs_err": check(f"matmul_all_reduce M={M}", Co, Co_ref)}
+    variants(row, "ar", dev, reps, lambda cfg: ctx.ops.matmul_all_reduce(Co, A, B, config=cfg),
+             f"matmul_all_reduce M={M}", Co, Co_ref)
+    row["matmul_alone"] = both(dev, lambda: torch.matmul(A, B, out=Co_ref), reps)
+    row["matmul_then_nccl_all_reduce"] = both(dev, ref_ar, reps)
+    return row
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=["gemm", "fused", "all"], default="all")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes (the host, no GPU)")
+    p.add_argument("--ms", default="512,1024,2048,4096,8192", help="comma-separated M (rows of the output) of every op")
+    p.add_argument("--small-ms", default="128,256", help="comma-separated M of matmul_all_reduce alone (below --ms)")
+    p.add_argument("--nk", type=int, default=8192, help="N = K")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -257,9 +257,21 @@ def main():
         shapes = [(64, 48, 32)] if small else [(8192, 8192, 8192), (4096, 8192, 8192)]
         payload["gemm"] = part_gemm(dev, shapes, reps)
     if args.part in ("fused", "all"):
-        ctx = iris.iris(heap_size=(1 << 24) if small else (3 << 30))
-        payload["fused"] = (part_fused(ctx, dev, 32 * world, 32, 48, [16, 32], reps) if small else
-                            part_fused(ctx, dev, 8192, 8192, 8192, [128, 256, 512, 1024, 2048], reps))
+        ctx = iris.iris(heap_size=(1 << 24) if small else (16 << 30))  # every shape's workspaces stay
+        ms = [32 * world] if small else [int(x) for x in args.ms.split(",")]
+        small_ms = [16] if small else [int(x) for x in args.small_ms.split(",") if x]
+        nk = 48 if small else args.nk
+        rows = [part_fused(ctx, dev, M, nk, nk, reps) for M in ms]
+        payload["fused"] = {name: [row[name] for row in rows] for name in rows[0]}
+        k, small_rows = nk // world, []
+        for M in small_ms:  # matmul_all_reduce alone below the other ops' sizes (decode-like rows)
+            A = torch.randn(M, k, device=dev, dtype=torch.bfloat16)
+            B = torch.randn(k, nk, device=dev, dtype=torch.bfloat16) / nk ** 0.5
+            C, C_ref = (torch.empty(M, nk, device=dev, dtype=torch.bfloat16) for _ in range(2))
+            small_rows.append(part_all_reduce(ctx, dev, M, A, B, C, C_ref, reps))
+        payload["fused"]["matmul_all_reduce"][:0] = small_rows
+        payload["fused"]["streamed_capture_failures"] = sorted(
+            {ws["no_graph"][:300] for ws in ctx.ops._workspaces.values() if "no_graph" in ws})
         ctx.barrier()
     if rank == 0:
         print("wrote", write_result(f"gemm_comm-{args.part}", payload, args.out), flush=True)

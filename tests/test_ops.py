@@ -83,12 +83,14 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
         ins = _inputs(w, [(m, K), (m,)], dtype, seed + 13)
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
         out = ctx.full((w * m, N), float("nan"), dtype=dtype)
-        ctx.ops.matmul_all_gather(out, ins[r][0].to(dev), Bg.to(dev), config=config)
-        errors.append(_close(f"matmul_all_gather call {call}", out, want, dtype))
-        want += torch.cat([x[1].float() for x in ins])[:, None]
-        out.fill_(float("nan"))
-        iris.ops.matmul_all_gather(ctx, out, ins[r][0].to(dev), Bg.to(dev), bias=ins[r][1].to(dev), config=config)
-        errors.append(_close(f"matmul_all_gather bias call {call}", out, want, dtype))
+        biased = want + torch.cat([x[1].float() for x in ins])[:, None]
+        for cfg in (config, streamed):
+            out.fill_(float("nan"))
+            ctx.ops.matmul_all_gather(out, ins[r][0].to(dev), Bg.to(dev), config=cfg)
+            errors.append(_close(f"matmul_all_gather {cfg} call {call}", out, want, dtype))
+            out.fill_(float("nan"))
+            iris.ops.matmul_all_gather(ctx, out, ins[r][0].to(dev), Bg.to(dev), bias=ins[r][1].to(dev), config=cfg)
+            errors.append(_close(f"matmul_all_gather bias {cfg} call {call}", out, biased, dtype))
     ctx.barrier()
     ctx.close()
     return [e for e in errors if e]

@@ -19,7 +19,8 @@ iris's fused kernels; "atomic", "spinlock" and "ring" (Iris's other names) throu
 Two implementations (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS
 by chunks of rows with copy-engine transfers on side streams (streamed.py). With config=None iris
 picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
-matmul_all_reduce from STREAMED_MIN_ROWS rows and for a large row-layout matmul_reduce_scatter,
+matmul_all_reduce and matmul_all_gather from STREAMED_MIN_ROWS rows, for a row-layout
+matmul_reduce_scatter from STREAMED_MIN_MACS and for all_gather_matmul below AG_STREAMED_MAX_MACS,
 fused otherwise, and always on the host.
 """
 from __future__ import annotations
@@ -43,9 +44,16 @@ from .matmul_reduce_scatter import matmul_reduce_scatter, matmul_reduce_scatter_
 from .gemm import interpreted, matmul, tiles_for
 from .workspace import FusedWorkspace
 
-# where "streamed" is chosen: benchmarks/gemm_comm.py (benchmarks/results/gemm_comm-fused-gpu-2ranks.json)
-STREAMED_MIN_ROWS = 1024
-STREAMED_MIN_MACS = 1 << 36
+# where "streamed" is chosen, and its chunks: benchmarks/gemm_comm.py (benchmarks/results/gemm_comm-fused-gpu-*.json)
+STREAMED_MIN_ROWS = 1024  # matmul_all_reduce, matmul_all_gather: output rows from which streamed is the default
+STREAMED_MIN_MACS = 1 << 35  # matmul_reduce_scatter (row layout): multiply-adds from which streamed is
+AG_STREAMED_MAX_MACS = 1 << 38  # all_gather_matmul: streamed below these multiply-adds, the fused kernel from them
+CHUNK_ROWS = 512  # streamed: chunks per owner's rows of about this many, 2 to 4 (one chunk cannot overlap)
+
+
+def streamed_chunks(kind: str, owner_rows: int) -> int:
+    """The default chunks of a streamed op whose ranks each own owner_rows rows of the output."""
+    return 1 if kind == "ag" else min(4, max(2, owner_rows // CHUNK_ROWS))
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
 # matmul_all_reduce's variants that only the tile-API kernel runs (Iris's atomic and spinlock add each tile
 # into every rank's zeroed output; ring reduces the published partials around the ring)
@@ -166,11 +174,12 @@ class OpsNamespace:
             return (config.variant or "fused") if self._ctx.world > 1 else "fused"
         if A.device.type != "cuda" or interpreted() or self._ctx.world == 1:
             return "fused"
-        if kind == "ar":
+        macs = output.shape[0] * output.shape[1] * A.shape[1]
+        if kind in ("ar", "mag"):
             return "streamed" if output.shape[0] >= STREAMED_MIN_ROWS else "fused"
         if kind == "rs":
             return "streamed" if A.shape[0] * output.shape[1] * A.shape[1] >= STREAMED_MIN_MACS else "fused"
-        return "fused"
+        return "streamed" if kind == "ag" and macs < AG_STREAMED_MAX_MACS else "fused"
 
     def _kind(self, kind, output, A, B, config) -> str:
         """The op's layout and algorithm from the shapes and config, checked (before any allocation)."""
@@ -225,15 +234,14 @@ class OpsNamespace:
                                                                                 kind == "ar_tiles"), kind))
         if kind == "ag_k":
             return self._ws(kind, output, A, B, None, lambda: _tagged(_gk.preamble(ctx, output, A, B), kind))
-        if kind == "mag":
-            return self._ws(kind, output, A, B, config, lambda: _tagged(_mag.preamble(ctx, output, A, B, config),
-                                                                        kind))
         if self._variant(kind, output, A, B, config) == "streamed":
-            chunks = config.chunks if config is not None and config.chunks else {"ag": 1, "ar": 2, "rs": 4}[kind]
+            owner = {"mag": A.shape[0], "rs": output.shape[0], "ar": output.shape[0] // ctx.world}.get(kind, 0)
+            chunks = config.chunks if config is not None and config.chunks else streamed_chunks(kind, owner)
             comm_sms = config.comm_sms if config is not None else None
             return self._ws(kind + "/streamed", output, A, B, config,
                             lambda: _tagged(_st.preamble(ctx, kind, output, A, B, chunks, comm_sms), "streamed"))
         make = {"ag": lambda: _agm.preamble(ctx, output, A, B, config),
+                "mag": lambda: _mag.preamble(ctx, output, A, B, config),
                 "ar": lambda: _mr.preamble(ctx, output, A, B, config, scatter=False),
                 "rs": lambda: _mr.preamble(ctx, output, A, B, config, scatter=True)}[kind]
         return self._ws(kind, output, A, B, config, lambda: _tagged(make(), kind))
@@ -248,7 +256,9 @@ class OpsNamespace:
         ctx, op = self._ctx, ws["op"]
         ctx.ccl.order.enter()  # one device order with every collective of the context (iris/ccl/order.py)
         if op == "streamed":
-            _st.run(ctx, output, A, B, ws)
+            _st.run(ctx, output, A, B, ws, bias if kind == "mag" else None)
+            if kind == "mag":
+                return ws
         elif op in ("ar_tile_api", "rs_tile_api"):
             _mtr.run(ctx, output, A, B, ws)
         elif op in ("ar_tiles", "rs_tiles"):

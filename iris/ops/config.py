@@ -31,7 +31,7 @@ class FusedConfig:
     streams: iris/ops/streamed.py) or None: with config=None iris picks by shape and device
     (docs/collectives.md); with a config, "fused"; "tiles": matmul_all_reduce and matmul_reduce_scatter
     through the device tile API, any all_reduce_variant but ring's block rule (iris/ops/matmul_tile_reduce.py);
-    chunks: row chunks of the streamed variant.
+    chunks: the streamed variant's chunks of each rank's rows (None: 2 to 4 by size).
     """
     block_size_m: Optional[int] = 256
     block_size_n: Optional[int] = 64
