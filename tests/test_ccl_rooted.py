@@ -295,6 +295,23 @@ def check_split_reduce(ctx, cfg, dtypes):
                 bad.append(("split reduce in place", root, op.value, str(dtype)))
         if w > 2 and not any(getattr(p, "variant", "") == "reduce_scatter_gather" for p in ctx.ccl.plans.values()):
             bad.append("the split reduce did not run")
+        if w > 2:  # a rank that never makes the call: rank 0's waits give up and its next barrier says so
+            spin = Config(block_size=16, comm_sms=1, spin_limit=20)
+            x, out = ctx.full((4 * w,), 1.0), _poisoned((4 * w,), torch.float32, dev)
+            ctx.ccl.reduce_preamble(out, x, dst=0, config=spin)
+            if r == 0:
+                ctx.ccl.reduce(out, x, dst=0, config=spin)
+            try:
+                ctx.barrier()
+                raised = ""
+            except iris.WaitTimeout as e:
+                raised = str(e)
+            want = ("rank 0: ctx.ccl.reduce (reduce_scatter_gather) gave up waiting for rank 1: flag row 0 (program 0, "
+                    "wait 1 of the call) never reached epoch 1") if r == 0 else ""
+            if not raised.startswith(want) or (want == "") != (raised == ""):
+                bad.append(f"split reduce's WaitTimeout: {raised!r}")
+            ctx.barrier()
+            ctx.ccl.free()
     finally:
         rooted.SPLIT_REDUCE = keep
     return bad

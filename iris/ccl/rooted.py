@@ -57,10 +57,11 @@ class _Split:
     the root's links carry about 2(world - 1)/world of the tensor instead of world - 1 copies of it. The
     sums are the rooted kernel's (rank order, floats in fp32), and only the root's out is written.
     Called as a plan: (inp, out), both contiguous."""
-    __slots__ = ("scatter", "gather", "workspace", "variant", "per_call", "part")
+    __slots__ = ("scatter", "gather", "parts", "workspace", "variant", "per_call", "part")
 
     def __init__(self, scatter, gather, part):
         self.scatter, self.gather, self.part = scatter, gather, part
+        self.parts = (scatter, gather)  # the plans whose waits can mark (iris/ccl/waits.py)
         self.workspace, self.variant, self.per_call = scatter.workspace + (part,), "reduce_scatter_gather", ()
 
     def __call__(self, inp, out):
@@ -69,7 +70,7 @@ class _Split:
 
 
 def _split(ccl, out, inp, dst, op, config) -> _Split:
-    key = ("rooted-split", dst, op, inp.shape, inp.dtype, out.shape, pair_knobs(config))
+    key = ("reduce", dst, op, inp.shape, inp.dtype, out.shape, pair_knobs(config))
     plan = ccl.plans.get(key)
     if plan is None:
         cfg = ccl._config(config)
