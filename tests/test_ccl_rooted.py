@@ -272,10 +272,56 @@ def check_mailbox_released(ctx):
     return [] if released >= w * 4096 * 4 else [("mailbox kept after every rank dropped it", released)]
 
 
+def check_split_reduce(ctx, cfg, dtypes):
+    """The whole-job reduce as a reduce_scatter then a gather (GPUs take it from SPLIT_REDUCE bytes over 3
+    or more ranks) at every size here: every root, every reduction, out of place and in place, back to
+    back over both copies of its stage; only the root's out changes, inp never does."""
+    from iris.ccl import rooted
+    keep, rooted.SPLIT_REDUCE = rooted.SPLIT_REDUCE, 0
+    r, w, dev, bad = ctx.rank, ctx.world, ctx.device, []
+    try:
+        for rep in range(2 * w):
+            root, op, dtype = rep % w, OPS[rep % 3], dtypes[rep % len(dtypes)]
+            n = 3 * 16 * w + rep * w  # a part that is not a whole number of blocks in some reps
+            xs = [_data((n,), dtype, q, rep, dev) for q in range(w)]
+            x, out = ctx.empty((n,), dtype=dtype).copy_(xs[r]), _poisoned((n,), dtype, dev)
+            ctx.ccl.reduce(out, x, dst=root, op=op, config=cfg)
+            if not _same(out, _reduce(xs, op) if r == root else _poisoned((n,), dtype, dev)):
+                bad.append(("split reduce", root, op.value, str(dtype)))
+            if not _same(x, xs[r]):
+                bad.append(("split reduce changed inp", root))
+            ctx.ccl.reduce(x, dst=root, op=op, config=cfg)
+            if not _same(x, _reduce(xs, op) if r == root else xs[r]):
+                bad.append(("split reduce in place", root, op.value, str(dtype)))
+        if w > 2 and not any(getattr(p, "variant", "") == "reduce_scatter_gather" for p in ctx.ccl.plans.values()):
+            bad.append("the split reduce did not run")
+        if w > 2:  # a rank that never makes the call: rank 0's waits give up and its next barrier says so
+            spin = Config(block_size=16, comm_sms=1, spin_limit=20)
+            x, out = ctx.full((4 * w,), 1.0), _poisoned((4 * w,), torch.float32, dev)
+            ctx.ccl.reduce_preamble(out, x, dst=0, config=spin)
+            if r == 0:
+                ctx.ccl.reduce(out, x, dst=0, config=spin)
+            try:
+                ctx.barrier()
+                raised = ""
+            except iris.WaitTimeout as e:
+                raised = str(e)
+            want = ("rank 0: ctx.ccl.reduce (reduce_scatter_gather) gave up waiting for rank 1: flag row 0 (program 0, "
+                    "wait 1 of the call) never reached epoch 1") if r == 0 else ""
+            if not raised.startswith(want) or (want == "") != (raised == ""):
+                bad.append(f"split reduce's WaitTimeout: {raised!r}")
+            ctx.barrier()
+            ctx.ccl.free()
+    finally:
+        rooted.SPLIT_REDUCE = keep
+    return bad
+
+
 def rank_host(world, dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     dist = _dist(ctx)
     bad = run_all(ctx, dist, dtypes, reps, Config(block_size=16, comm_sms=2))  # 2 programs, partial blocks
+    bad += check_split_reduce(ctx, Config(block_size=16, comm_sms=2), dtypes)
     bad += check_mailbox(ctx, Config(block_size=16, comm_sms=2), 0)
     bad += check_mailbox_split(ctx)
     bad += check_mailbox_released(ctx)

@@ -2,14 +2,16 @@
 rank, the root, sends to or receives from every member of the group; roots (src, dst) are positions in
 the group, as Iris numbers them. The kernel (kernels/pair.py's rooted_kernel) reads the members' inp in
 place, so inp must be a heap tensor, the same collective allocation on every member; nothing is
-allocated on the heap, and the same kernel serves the whole job and any subset group. Also the plan
-checks and sizing that p2p.py shares. See docs/collectives.md.
+allocated on the heap, and the same kernel serves the whole job and any subset group. A large
+whole-job reduce over three or more ranks runs instead as a reduce_scatter then a gather (_Split),
+which allocates a part of a world-th on the heap. Also the plan checks and sizing that p2p.py
+shares. See docs/collectives.md.
 """
 from __future__ import annotations
 
 from ..errors import CollectiveError
 from . import puts
-from .builders import pair_state
+from .builders import pair_state, scatter_push
 from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, position, same_dtype, tensor
 from .config import ReduceOp
 from .kernels.pair import rooted_kernel
@@ -29,6 +31,9 @@ def broadcast(ccl, t, pos, src, group, config) -> None:
     ccl.broadcast(t, t, src=ranks[src], group=group, config=config)
 
 
+SPLIT_REDUCE = 4 << 20  # bytes from which a whole-job reduce over 3+ ranks is a reduce_scatter then a gather
+
+
 def reduce(ccl, out, inp, dst, op, group, config, launch=True):
     op = ReduceOp.SUM if op is None else op
     try:
@@ -36,7 +41,45 @@ def reduce(ccl, out, inp, dst, op, group, config, launch=True):
     except ValueError:
         raise CollectiveError(f"reduce: op must be one of {[o.value for o in ReduceOp]} (or None: sum), "
                               f"got {op!r}") from None
-    return _rooted(ccl, "reduce", out, out if inp is None else inp, dst, "dst", group, config, op, launch)
+    inp = out if inp is None else inp
+    plan = _rooted(ccl, "reduce", out, inp, dst, "dst", group, config, op, launch=False)  # checks, then plans
+    w = ccl.ctx.world
+    if (w > 2 and not ccl.puts and inp.is_contiguous() and inp.numel() % w == 0
+            and inp.numel() * inp.element_size() >= SPLIT_REDUCE and ccl.groups.ranks(group, "reduce") == tuple(range(w))):
+        plan = _split(ccl, out, inp, dst, op, config)
+    if launch:
+        plan(inp, out)
+    return plan
+
+
+class _Split:
+    """reduce as a reduce_scatter into a heap part of a world-th, then a gather of the parts to the root:
+    the root's links carry about 2(world - 1)/world of the tensor instead of world - 1 copies of it. The
+    sums are the rooted kernel's (rank order, floats in fp32), and only the root's out is written.
+    Called as a plan: (inp, out), both contiguous."""
+    __slots__ = ("scatter", "gather", "parts", "workspace", "variant", "per_call", "part")
+
+    def __init__(self, scatter, gather, part):
+        self.scatter, self.gather, self.part = scatter, gather, part
+        self.parts = (scatter, gather)  # the plans whose waits can mark (iris/ccl/waits.py)
+        self.workspace, self.variant, self.per_call = scatter.workspace + (part,), "reduce_scatter_gather", ()
+
+    def __call__(self, inp, out):
+        self.scatter(inp.view(-1), self.part)
+        self.gather(self.part, out.view(-1))
+
+
+def _split(ccl, out, inp, dst, op, config) -> _Split:
+    key = ("reduce", dst, op, inp.shape, inp.dtype, out.shape, pair_knobs(config))
+    plan = ccl.plans.get(key)
+    if plan is None:
+        cfg = ccl._config(config)
+        w, n = ccl.ctx.world, inp.numel()
+        part = ccl.ctx.empty(n // w, dtype=inp.dtype)
+        flat = out.view(-1)
+        gather = _plan(ccl, "gather", flat, part, tuple(range(w)), dst, ReduceOp.SUM, pair_knobs(config))
+        plan = ccl.plans[key] = _Split(scatter_push(ccl, part, inp.view(-1), op, cfg), gather, part)
+    return plan
 
 
 def scatter(ccl, out, inp, src, group, config) -> None:

@@ -17,21 +17,23 @@ RING = ("ring", "ring_chunked")
 
 
 def _marks(ccl):
-    """(key, plan, column of marks, what a slot names) for every plan whose wait can mark."""
+    """(key, plan, column of marks, what a slot names, the call's variant) for every plan whose wait can
+    mark."""
     rank, world = ccl.ctx.rank, ccl.ctx.world
-    for key, plan in ccl.plans.items():
-        at = getattr(plan, "at", None)
-        if not at or "flags" not in at:
-            continue
-        flags = plan.args[at["flags"]]
-        if not isinstance(flags, torch.Tensor) or flags.dtype != torch.int64:
-            continue
-        if plan.variant in RING or flags.numel() == plan.grid[0]:
-            yield key, plan, flags.view(-1), None
-        elif flags.numel() % world == 0:
-            yield key, plan, flags.view(-1, world)[:, rank], "rank"
+    for key, whole in ccl.plans.items():
+        for plan in getattr(whole, "parts", (whole,)):  # a plan of several launches names each
+            at = getattr(plan, "at", None)
+            if not at or "flags" not in at:
+                continue
+            flags = plan.args[at["flags"]]
+            if not isinstance(flags, torch.Tensor) or flags.dtype != torch.int64:
+                continue
+            if plan.variant in RING or flags.numel() == plan.grid[0]:
+                yield key, plan, flags.view(-1), None, whole.variant
+            elif flags.numel() % world == 0:
+                yield key, plan, flags.view(-1, world)[:, rank], "rank", whole.variant
     if ccl.seen is not None:
-        yield ("group",), None, ccl.seen[:, rank], "member"
+        yield ("group",), None, ccl.seen[:, rank], "member", ""
 
 
 def raise_gave_up(ccl) -> None:
@@ -41,7 +43,7 @@ def raise_gave_up(ccl) -> None:
     marks = list(_marks(ccl))
     if not marks or not bool((torch.cat([m[2] for m in marks]) < 0).any()):
         return
-    for key, plan, column, slot in marks:
+    for key, plan, column, slot, variant in marks:
         bad = (column < 0).nonzero()
         if bad.numel() == 0:
             continue
@@ -50,7 +52,7 @@ def raise_gave_up(ccl) -> None:
         late, epoch = code % 65536, code // 65536
         mode = MODES.get(key[0])
         what = mode.name if mode else "a group collective" if key[0] == "group" else str(key[0])
-        variant = f" ({plan.variant})" if plan is not None and plan.variant else ""
+        variant = f" ({variant})" if variant else ""
         programs = plan.grid[0] if plan is not None else column.numel()
         peer = f"rank {late}" if slot == "rank" else (f"group member {late}" if slot else "its ring predecessor or "
                                                                                        "successor")
