@@ -20,8 +20,9 @@ Two implementations (FusedConfig.variant): "fused", one persistent Triton kernel
 by chunks of rows with copy-engine transfers on side streams (streamed.py). With config=None iris
 picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
 matmul_all_reduce and matmul_all_gather from STREAMED_MIN_ROWS rows, for a row-layout
-matmul_reduce_scatter from STREAMED_MIN_MACS and for all_gather_matmul below AG_STREAMED_MAX_MACS,
-fused otherwise, and always on the host.
+matmul_reduce_scatter from STREAMED_MIN_MACS (both times (world / 2)^2 beyond 2 ranks) and for
+all_gather_matmul below AG_STREAMED_MAX_MACS, fused otherwise, and always on the host; beyond 2
+ranks matmul_all_reduce is the GEMM, then ctx.ccl.all_reduce (what measured fastest at 4).
 """
 from __future__ import annotations
 
@@ -174,11 +175,13 @@ class OpsNamespace:
             return (config.variant or "fused") if self._ctx.world > 1 else "fused"
         if A.device.type != "cuda" or interpreted() or self._ctx.world == 1:
             return "fused"
-        macs = output.shape[0] * output.shape[1] * A.shape[1]
-        if kind in ("ar", "mag"):
-            return "streamed" if output.shape[0] >= STREAMED_MIN_ROWS else "fused"
+        macs, grow = output.shape[0] * output.shape[1] * A.shape[1], (self._ctx.world / 2) ** 2
+        if kind == "ar" and self._ctx.world > 2:
+            return "ccl"  # 4 ranks: the matmul, then ctx.ccl.all_reduce, beat every overlapped form at every M
+        if kind in ("ar", "mag"):  # from 3 ranks on, the communication's share grows: larger shapes before
+            return "streamed" if output.shape[0] >= STREAMED_MIN_ROWS * grow else "fused"
         if kind == "rs":
-            return "streamed" if A.shape[0] * output.shape[1] * A.shape[1] >= STREAMED_MIN_MACS else "fused"
+            return "streamed" if A.shape[0] * output.shape[1] * A.shape[1] >= STREAMED_MIN_MACS * grow else "fused"
         return "streamed" if kind == "ag" and macs < AG_STREAMED_MAX_MACS else "fused"
 
     def _kind(self, kind, output, A, B, config) -> str:
@@ -234,7 +237,11 @@ class OpsNamespace:
                                                                                 kind == "ar_tiles"), kind))
         if kind == "ag_k":
             return self._ws(kind, output, A, B, None, lambda: _tagged(_gk.preamble(ctx, output, A, B), kind))
-        if self._variant(kind, output, A, B, config) == "streamed":
+        variant = self._variant(kind, output, A, B, config)
+        if variant == "ccl":  # the whole GEMM, then ctx.ccl.all_reduce with its default config
+            return self._ws(kind + "/ccl", output, A, B, None,
+                            lambda: _tagged(_st.preamble(ctx, kind, output, A, B, 1, None, True), "streamed"))
+        if variant == "streamed":
             owner = {"mag": A.shape[0], "rs": output.shape[0], "ar": output.shape[0] // ctx.world}.get(kind, 0)
             chunks = config.chunks if config is not None and config.chunks else streamed_chunks(kind, owner)
             comm_sms = config.comm_sms if config is not None else None
