@@ -20,7 +20,6 @@ MODES = {
     "rst": Mode("reduce_scatter", "reduce_scatter_variant"),  # Iris's layout (out shaped as inp)
     "a2a": Mode("all_to_all", "all_to_all_variant"),
     "bc": Mode("broadcast", None),
-    "reduce": Mode("reduce", "reduce_variant"),  # the whole-job reduce as a reduce_scatter then a gather
 }
 # modes whose chunk is out's size (a rank's share of what it receives), and all_to_all's: a column block
 OUT_SIZED = ("rs", "scatter", "p2p")

@@ -13,6 +13,9 @@ from .. import settings
 from ..errors import WaitTimeout
 from .modes import MODES
 
+# plan keys that are no collective of MODES: what a message calls them
+OTHER_PLANS = {"group": "a group collective", "reduce": "ctx.ccl.reduce"}
+
 RING = ("ring", "ring_chunked")
 
 
@@ -51,14 +54,14 @@ def raise_gave_up(ccl) -> None:
         code = -int(column[row]) - 1
         late, epoch = code % 65536, code // 65536
         mode = MODES.get(key[0])
-        what = mode.name if mode else "a group collective" if key[0] == "group" else str(key[0])
+        what = f"ctx.ccl.{mode.name}" if mode else OTHER_PLANS.get(key[0], str(key[0]))
         variant = f" ({variant})" if variant else ""
         programs = plan.grid[0] if plan is not None else column.numel()
         peer = f"rank {late}" if slot == "rank" else (f"group member {late}" if slot else "its ring predecessor or "
                                                                                        "successor")
         spin = plan.args[plan.at["SPIN"]] if plan is not None and "SPIN" in plan.at else settings.SPIN_LIMIT.get()
         raise WaitTimeout(
-            f"rank {rank}: {'ctx.ccl.' * bool(mode)}{what}{variant} gave up waiting for {peer}: flag row {row} (program "
+            f"rank {rank}: {what}{variant} gave up waiting for {peer}: flag row {row} (program "
             f"{row % programs}, wait {row // programs + 1} of the call) never reached epoch {epoch} within the spin "
             f"limit ({spin} polls, IRIS_SPIN_LIMIT or Config.spin_limit). That rank did not make the matching call, "
             "made it in another order or with other sizes, or is stuck; its result here is wrong and the workspace "
