@@ -106,10 +106,10 @@ def check(name, got, want):
 
 def _variants():
     """label -> FusedConfig, per op. streamed_<chunks>: that many chunks per owner's rows (all_reduce,
-    reduce_scatter, matmul_all_gather); streamed_2_ccl32: matmul_all_reduce's chunks reduced by ctx.ccl.all_reduce on 32
-    programs instead of the copy engines; fused_bn64: narrower
-    tiles (more waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot
-    kernel (Iris's tile ownership) with the same tiles. Tiles chosen by shape, as with config=None."""
+    reduce_scatter, matmul_all_gather); streamed_2_ccl32: matmul_all_reduce's chunks reduced by
+    ctx.ccl.all_reduce on 32 programs instead of the copy engines; fused_bn64: narrower tiles (more
+    waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot kernel (Iris's
+    tile ownership) with the same tiles. Tiles chosen by shape, as with config=None."""
     def F(**kw):
         return FusedConfig(**{**dict(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8,
                                      all_reduce_variant="one_shot"), **kw})
