@@ -456,9 +456,9 @@ def rank_gpu(reps, replays):
             bad.append(("repeat", n, wrong.item()))
     _progress(ctx, "repeats checked")
     # the pipelined all_gather and all_to_all (from builders.PIPELINE_BYTES, or forced): several segments per
-    # program, the last program's last one short (a partial block) then empty, 8 MiB and 64 MiB by default
+    # program, the last program's last one short (a partial block) then empty, 32 MiB and 64 MiB by default
     ctx.ccl.free()
-    for rows, cfg in (((1000, 129), Config(pull_segments=4, block_size=1024, comm_sms=16)), ((4096, 1024), None),
+    for rows, cfg in (((1000, 129), Config(pull_segments=4, block_size=1024, comm_sms=16)), ((16384, 1024), None),
                       ((8192, 4096), None)):
         wrong, ran = pipelined_wrong(ctx, rows, cfg, max(20, reps // 6))
         if wrong or ran != {"pipelined"}:

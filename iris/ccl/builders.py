@@ -25,10 +25,11 @@ from . import puts
 _KiB, _MiB = 1 << 10, 1 << 20
 SPLIT_BROADCAST = _MiB  # bytes from which a broadcast over 3+ ranks is a scatter then an all_gather
 # bytes of inp from which all_gather pull and all_to_all stage in segments overlapped with the peers'
-# reads (pipelined_kernel), below which one exchange (pull_kernel) keeps small calls' latency: a
-# starting point, to be set from benchmarks/collectives.py, which times both forms at every size
-PIPELINE_BYTES = 4 * _MiB
-SEGMENTS = 8  # the pipelined form's most segments per program where Config.pull_segments is 0
+# reads (pipelined_kernel), below which one exchange (pull_kernel) keeps small calls' latency. 2x H200
+# (collectives_pull-gpu-2ranks.json): one exchange led at 16 MiB (all_gather 80.6 against 91.0 us),
+# the pipelined form from 64 MiB (247 against 277; 880 against 1036 at 256 MiB)
+PIPELINE_BYTES = 32 * _MiB
+SEGMENTS = 4  # the pipelined form's most segments per program where Config.pull_segments is 0 (4 led 8 and 16 at 64 MiB)
 
 
 def all_reduce(ccl, out, inp, op, cfg) -> Plan:

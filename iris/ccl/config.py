@@ -55,8 +55,8 @@ class Config:
     256 KiB on more, from benchmarks/results/collectives_variants-gpu-2ranks.json); pull_segments
     (all_gather pull and all_to_all: 1 stages all of inp, then one flag exchange, then reads the
     peers; k >= 2 cuts each program's range into at most k segments, each read by the peers while
-    the next is staged; 0: 1 below iris.ccl.builders.PIPELINE_BYTES of inp, 4 MiB, else
-    builders.SEGMENTS, 8; other collectives ignore it); spin_limit (the
+    the next is staged; 0: 1 below iris.ccl.builders.PIPELINE_BYTES of inp, 32 MiB, else
+    builders.SEGMENTS, 4; other collectives ignore it); spin_limit (the
     most polls of a flag before a program gives up; None: IRIS_SPIN_LIMIT, a few minutes; 0 waits for
     ever; a program that gives up leaves wrong data and marks its flag, and the host raises WaitTimeout
     at the next ctx.barrier(), ctx.ccl.free() or close, naming the collective, the rank, the peer, the
