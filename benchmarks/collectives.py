@@ -5,6 +5,7 @@ one run, eager and replayed from a CUDA graph; bf16, 1 KiB to 256 MiB. Writes JS
     python -m iris.run -n 2 benchmarks/collectives.py --dry-run        # host: tiny sizes, gloo, no graphs
     python -m iris.run -n 2 benchmarks/collectives.py --rank-check both   # the rank check's cost: on / off
     python -m iris.run -n 2 benchmarks/collectives.py --wait-bound both   # the bounded waits' cost: on / off
+    python -m iris.run -n 2 benchmarks/collectives.py --moves-only --min-bytes 1048576 --pull-segments 4,16
 
 A time is the median over samples of (one sample: `calls` back-to-back calls timed by CUDA events) /
 calls, the slowest rank's: "eager" launches every call from Python (host cost included where it is
@@ -12,7 +13,9 @@ the bottleneck), "graph" replays those calls captured in one CUDA graph. all_red
 one-shot and two-shot; NCCL all_reduce; torch.ops.symm_mem one_shot_all_reduce and
 two_shot_all_reduce_ (multicast off). all_gather, reduce_scatter (sizes are per rank's input / output)
 and all_to_all (size: one rank's whole input) against NCCL's all_gather_into_tensor,
-reduce_scatter_tensor and all_to_all_single. Every iris result is checked once per size: data movement
+reduce_scatter_tensor and all_to_all_single; all_gather and all_to_all also in both forms of their
+kernel at every size, one exchange (Config.pull_segments=1) and pipelined (builders.SEGMENTS, and any
+--pull-segments), whatever the default picks there. Every iris result is checked once per size: data movement
 against NCCL's, exactly; a sum against NCCL's at 2 ranks, past 2 within the rounding any order of
 addition may make (sum_and_bound).
 
@@ -37,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import RANK_CHECK_HELP, WAIT_BOUND_HELP, both_ways, init_torch_distributed, write_result  # noqa: E402
 
 import iris  # noqa: E402
-from iris.ccl import Config, ReduceOp  # noqa: E402
+from iris.ccl import Config, ReduceOp, builders  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 ONE, TWO = Config(all_reduce_variant="one_shot"), Config(all_reduce_variant="two_shot")
@@ -205,7 +208,20 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
     return rows
 
 
-def move_rows(ctx, timer, sizes, gpu):
+def pull_forms(segments=()):
+    """(name, Config) of all_gather pull's and all_to_all's two kernels: one exchange, and pipelined with
+    the default most segments per program, then with each count in segments."""
+    return [("one_exchange", Config(pull_segments=1)), ("pipelined", Config(pull_segments=builders.SEGMENTS))] + [
+        (f"pipelined_s{k}", Config(pull_segments=k)) for k in segments if k != builders.SEGMENTS]
+
+
+def _form(ctx, mode):
+    """Which of pull_forms' kernels the one plan of `mode` built so far runs: "one_exchange" or "pipelined"."""
+    return ",".join(sorted({{"one_shot": "one_exchange"}.get(p.variant, p.variant)
+                            for k, p in ctx.ccl.plans.items() if k[0] == mode}))
+
+
+def move_rows(ctx, timer, sizes, gpu, segments=()):
     rows, w = [], ctx.world
     for nbytes in sizes:
         n = nbytes // 2
@@ -220,6 +236,7 @@ def move_rows(ctx, timer, sizes, gpu):
         a2a_in = big[:n].view(n // (w * cols), w * cols) if cols and n % (w * cols) == 0 else None
         dist.all_gather_into_tensor(ref_g, x)
         ctx.ccl.all_gather(gathered, x)
+        row["all_gather_auto"] = _form(ctx, "ag")
         dist.reduce_scatter_tensor(ref_p, big)
         ctx.ccl.reduce_scatter(part, big)
         # bf16 sums of 2 ranks round alike on GPUs; past 2 NCCL adds in another order (sum_and_bound)
@@ -235,6 +252,7 @@ def move_rows(ctx, timer, sizes, gpu):
             m = a2a_in.shape[0]
             a2a_out, ref_a = torch.empty_like(a2a_in), torch.empty(w, m, cols, dtype=x.dtype, device=ctx.device)
             ctx.ccl.all_to_all(a2a_out, a2a_in)
+            row["all_to_all_auto"] = _form(ctx, "a2a")
             # NCCL's chunks are along dim 0: hand it the column chunks as rows, then compare
             dist.all_to_all_single(ref_a, a2a_in.view(m, w, cols).transpose(0, 1).contiguous())
             row["all_to_all_checked"] = torch.equal(a2a_out.view(m, w, cols).transpose(0, 1), ref_a)
@@ -243,8 +261,22 @@ def move_rows(ctx, timer, sizes, gpu):
                                                                                               device=ctx.device)
             timer.both(row, "iris_all_to_all", lambda: ctx.ccl.all_to_all(a2a_out, a2a_in), calls)
             timer.both(row, "nccl_all_to_all", lambda: dist.all_to_all_single(flat_out, flat_in), calls)
-        row["checked_vs_nccl"] = bool(ok)
         ctx.ccl.free()
+        for form, cfg in pull_forms(segments) if w > 1 else ():  # one rank has no peers: one exchange only
+            gathered.fill_(-1)
+            ctx.ccl.all_gather(gathered, x, config=cfg)
+            row[f"all_gather_{form}_checked"] = torch.equal(gathered, ref_g)
+            ok = ok and row[f"all_gather_{form}_checked"]
+            timer.both(row, f"iris_all_gather_{form}", lambda c=cfg: ctx.ccl.all_gather(gathered, x, config=c), calls)
+            if a2a_in is not None:
+                a2a_out.fill_(-1)
+                ctx.ccl.all_to_all(a2a_out, a2a_in, config=cfg)
+                row[f"all_to_all_{form}_checked"] = torch.equal(a2a_out.view(m, w, cols).transpose(0, 1), ref_a)
+                ok = ok and row[f"all_to_all_{form}_checked"]
+                timer.both(row, f"iris_all_to_all_{form}", lambda c=cfg: ctx.ccl.all_to_all(a2a_out, a2a_in, config=c),
+                           calls)
+            ctx.ccl.free()  # one form's workspaces at a time: the heap holds 8 of the largest size per rank
+        row["checked_vs_nccl"] = bool(ok)
         rows.append(row)
         if ctx.rank == 0:
             print(f"moves {nbytes:>10}: " + ", ".join(f"{k[:-3]}={v:.1f}" for k, v in row.items()
@@ -655,7 +687,7 @@ def table(ar, moves):
         return f"{v:8.1f}" if v else f"{'-':>8}"
     lines = ["all_reduce bf16, us per call (eager / graph)",
              f"{'bytes':>10} {'iris':>17} {'1-shot':>17} {'2-shot':>17} {'heap':>17} {'nccl':>17} {'symm 1-shot':>17} "
-             f"{'symm 2-shot':>17}"]
+             f"{'symm 2-shot':>17}"] if ar else []
     for r in ar:
         cells = [f"{f(r.get(k + '_eager_us'))}/{f(r.get(k + '_graph_us'))}"
                  for k in ("iris", "iris_one_shot", "iris_two_shot", "iris_heap", "nccl", "symm_one_shot",
@@ -666,6 +698,16 @@ def table(ar, moves):
         cells = [f"{f(r.get(f'iris_{k}_graph_us'))}/{f(r.get(f'nccl_{k}_graph_us'))}"
                  for k in ("all_gather", "reduce_scatter", "all_to_all")]
         lines.append(f"{r['bytes']:>10} " + " ".join(cells) + ("" if r["checked_vs_nccl"] else " DATA WRONG"))
+    forms = [k[len("iris_all_gather_"):-len("_graph_us")] for k in (moves[0] if moves else {})
+             if k.startswith("iris_all_gather_") and k.endswith("_graph_us") and k != "iris_all_gather_graph_us"]
+    if forms:
+        lines.append("all_gather, all_to_all bf16 by pull form, graph us: " + " / ".join(forms) + " / nccl "
+                     "(auto: the form the default ran)")
+        for r in moves:
+            cells = ["/".join(f(r.get(f"iris_{k}_{form}_graph_us")).strip() for form in forms)
+                     + f"/{f(r.get(f'nccl_{k}_graph_us')).strip()} auto={r.get(k + '_auto', '-')}"
+                     for k in ("all_gather", "all_to_all")]
+            lines.append(f"{r['bytes']:>10}   " + "   ".join(cells))
     return "\n".join(lines)
 
 
@@ -673,6 +715,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="JSON file (rank 0); default benchmarks/results/collectives-<gpu|host>-<n>ranks.json")
     p.add_argument("--max-bytes", type=int, default=256 * MiB)
+    p.add_argument("--min-bytes", type=int, default=KiB, help="the smallest size timed (a power of 4 times 1 KiB, "
+                                                               "or 1 MiB)")
+    p.add_argument("--moves-only", action="store_true",
+                   help="only all_gather, reduce_scatter and all_to_all (no host costs, two_shot_push sweep, all_reduce)")
+    p.add_argument("--pull-segments", default="",
+                   help="comma list: all_gather and all_to_all also pipelined with at most these segments per program")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--dry-run", action="store_true", help="host: tiny sizes, gloo, no graphs")
     p.add_argument("--sweep-variants", action="store_true",
@@ -704,16 +752,19 @@ def main(argv=None) -> int:
     sizes = [1 << p for p in range(10, 29, 2) if (1 << p) <= args.max_bytes]
     if gpu and args.max_bytes >= MiB and MiB not in sizes:
         sizes = sorted(sizes + [MiB])
+    sizes = [s for s in sizes if s >= args.min_bytes] or sizes[-1:]
     timer = Timer(ctx, gpu, args.samples if gpu else 1)
     timer.max_bytes = args.max_bytes
-    host = host_costs(ctx, timer, gpu)
-    tuning = sweep(ctx, timer, gpu)
-    ar = all_reduce_rows(ctx, timer, sizes, gpu)
-    moves = move_rows(ctx, timer, [s for s in sizes if s >= 4 * KiB or not gpu], gpu)
+    segments = [int(k) for k in args.pull_segments.split(",") if k.strip()]
+    host = None if args.moves_only else host_costs(ctx, timer, gpu)
+    tuning = [] if args.moves_only else sweep(ctx, timer, gpu)
+    ar = [] if args.moves_only else all_reduce_rows(ctx, timer, sizes, gpu)
+    moves = move_rows(ctx, timer, [s for s in sizes if s >= 4 * KiB or not gpu], gpu, segments)
     if rank == 0:
         text = table(ar, moves)
         path = write_result("collectives", {"dtype": "bfloat16", "units": "microseconds per call, median",
                                             "rank_check": iris.settings.RANK_CHECK.get(),
+                                            "pipeline_bytes": builders.PIPELINE_BYTES,
                                             "spin_limit": iris.settings.SPIN_LIMIT.get(),
                                             "host_costs": host, "two_shot_sweep": tuning, "all_reduce": ar,
                                             "moves": moves,

@@ -2,6 +2,7 @@
 interpreter) and on GPUs. Outputs are poisoned before every call and checked element by element."""
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -110,6 +111,50 @@ def check_split_broadcast(ctx, cfg):
     return bad
 
 
+def check_pipelined(ctx, reps, cfgs, rows=(13, 11), dtype=torch.float32, one=True, lag=0.02):
+    """all_gather and all_to_all staged in segments that the peers read while the next is staged (GPUs take
+    it from builders.PIPELINE_BYTES of inp), forced at every size here. reps back to back calls per Config
+    of cfgs, new data each, outputs poisoned, over both copies of the stage, one rank `lag` seconds late in
+    turn (a read that runs ahead of its peer's staging finds stale data); the pipelined plan must be what
+    ran. one: also pull_segments=1, which must keep one exchange."""
+    from iris.ccl import builders
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    m, c = rows
+    keep, builders.PIPELINE_BYTES = builders.PIPELINE_BYTES, 0
+    bad = []
+    try:
+        for cfg in cfgs + [Config(block_size=16, comm_sms=2, pull_segments=1)] * one:
+            single = cfg.pull_segments == 1
+            for rep in range(1 if single else reps):
+                tag = (tuple(rows), cfg.pull_segments, rep)
+                if rep % w == r and lag:
+                    time.sleep(lag)
+                xs = [_data(rows, dtype, q, rep, dev) for q in range(w)]
+                out = _poisoned((w * m, c), dtype, dev)
+                ctx.ccl.all_gather(out, xs[r], config=cfg)
+                bad += [] if _same(out, torch.cat(xs)) else [("pipelined all_gather",) + tag]
+                xs = [_data((m, c * w), dtype, q, rep + 50, dev) for q in range(w)]
+                out = _poisoned((m, c * w), dtype, dev)
+                ctx.ccl.all_to_all(out, xs[r], config=cfg)
+                want = torch.cat([x[:, r * c:(r + 1) * c] for x in xs], 1)
+                bad += [] if _same(out, want) else [("pipelined all_to_all",) + tag]
+            for mode, shape, got in (("ag", (m, c), (w * m, c)), ("a2a", (m, c * w), (m, c * w))):
+                plan = ctx.ccl.plans.get((mode, ReduceOp.SUM, torch.Size(shape), torch.Size(got), dtype, cfg.key(), 0))
+                ran = getattr(plan, "variant", None)
+                if ran != ("one_shot" if single else "pipelined"):
+                    bad.append((mode, "ran", ran, cfg.pull_segments))
+        ctx.ccl.free()
+    finally:
+        builders.PIPELINE_BYTES = keep
+    return bad
+
+
+# the pipelined all_gather and all_to_all on the host, 143 elements a chunk, 16 a block, two programs of 80
+# and 63: 3 segments (2, 2 and 1 blocks; the second program's 2 blocks, then 31 elements, then none), and
+# the default count (a block each, as a range is at most 5 blocks)
+PIPELINED = (Config(block_size=16, comm_sms=2, pull_segments=3), Config(block_size=16, comm_sms=2))
+
+
 def check_repeats(ctx, n, cfg, reps, dtype=torch.float32):
     """Back to back calls with new data each time and poisoned outputs; the workspace is reused."""
     r, w, dev = ctx.rank, ctx.world, ctx.device
@@ -193,6 +238,41 @@ def check_spin_limit(ctx):
     return bad
 
 
+def check_pipelined_gives_up(ctx):
+    """A pipelined all_gather whose peer signals its first segment and no more (rank 1 never calls; rank 0's
+    flags of segment 0 are set as rank 1's signals would set them): every later segment's wait of every
+    program gives up and marks its own flag row (j * programs + p), and the host names the first, program
+    0's wait of its second segment, as iris/ccl/waits.py reads rows."""
+    from iris.ccl import builders, waits
+    cfg = Config(block_size=16, comm_sms=2, pull_segments=3, spin_limit=20)
+    x, out = torch.ones(13, 11, device=ctx.device), _poisoned((ctx.world * 13, 11), torch.float32, ctx.device)
+    keep, builders.PIPELINE_BYTES = builders.PIPELINE_BYTES, 0
+    try:
+        plan = ctx.ccl.all_gather_preamble(out, x, config=cfg)
+    finally:
+        builders.PIPELINE_BYTES = keep
+    flags = plan.workspace[1].view(-1, ctx.world)
+    bad = [] if plan.variant == "pipelined" and flags.shape[0] == 3 * 2 else [("plan", plan.variant, flags.shape)]
+    if ctx.rank == 0:
+        flags[:2, 1] = 1  # segment 0's rows of both programs: rank 1's signal of epoch 1
+        ctx.ccl.all_gather(out, x, config=cfg)
+        if not bool((flags[2:, 0] < 0).all()) or bool((flags[:2, 0] != 0).any()):
+            bad.append(("rows marked", flags[:, 0].tolist()))
+    try:
+        ctx.barrier()
+        waits.raise_gave_up(ctx.ccl)  # a context raises once (check_spin_limit may have had it): look directly
+        raised = ""
+    except iris.WaitTimeout as e:
+        raised = str(e)
+    want = ("rank 0: ctx.ccl.all_gather (pipelined) gave up waiting for rank 1: flag row 2 (program 0, wait 2 of "
+            "the call) never reached epoch 1") if ctx.rank == 0 else ""
+    if not raised.startswith(want) or (want == "") != (raised == ""):
+        bad.append(f"WaitTimeout at the barrier: {raised!r}")
+    ctx.barrier()
+    ctx.ccl.free()
+    return bad
+
+
 def rank_host(dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     # small blocks: several programs, each with several steps, and a partial last block
@@ -216,12 +296,15 @@ def rank_host(dtypes, reps):
     for dtype in dtypes[1::2]:
         bad += check_moves(ctx, (5, 7), dtype, one)
     bad += check_split_broadcast(ctx, one)
+    # 4 ranks: test_ccl_variants.py's rank_host
+    bad += check_pipelined(ctx, 4, list(PIPELINED)) if ctx.world == 2 else check_pipelined(ctx, 2, [PIPELINED[0]])
     single = Config(block_size=16, comm_sms=1)
     bad += check_repeats(ctx, 45, single, reps)
     for v in ("two_shot", "one_shot_push", "two_shot_push"):
         bad += check_repeats(ctx, 45, Config(block_size=16, comm_sms=1, all_reduce_variant=v), reps // 3)
     bad += check_group(ctx)
     bad += check_spin_limit(ctx)
+    bad += check_pipelined_gives_up(ctx) if ctx.world == 2 else []
     ctx.close()
     return bad
 
@@ -280,6 +363,30 @@ def test_collectives_host(world):
 def _progress(ctx, what):
     import time
     print(f"{time.strftime('%H:%M:%S')} rank {ctx.rank}: {what}", flush=True)
+
+
+def pipelined_wrong(ctx, rows, cfg, reps):
+    """reps back to back all_gathers and all_to_alls of (rows) bf16 blocks (the pipelined form must be what
+    runs), new data each call from three sets, outputs poisoned, every element checked on the device (no
+    host sync between calls); returns the wrong calls and the plans' variants."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    m, c = rows
+    wrong = torch.zeros((), dtype=torch.int32, device=dev)
+    ran = set()
+    for mode in ("ag", "a2a"):
+        shape = (m, c) if mode == "ag" else (m, c * w)
+        sets = [[_data(shape, torch.bfloat16, q, 20 * k + (mode == "a2a"), dev) for q in range(w)] for k in range(3)]
+        if mode == "ag":
+            call, wants = ctx.ccl.all_gather, [torch.cat(xs) for xs in sets]
+        else:
+            call, wants = ctx.ccl.all_to_all, [torch.cat([x[:, r * c:(r + 1) * c] for x in xs], 1) for xs in sets]
+        out = torch.empty_like(wants[0])
+        for rep in range(reps):
+            out.fill_(POISON)
+            call(out, sets[rep % 3][r], config=cfg)
+            wrong += (out != wants[rep % 3]).any()
+        ran |= {p.variant for k, p in ctx.ccl.plans.items() if k[0] == mode and k[2] == torch.Size(shape)}
+    return wrong.item(), ran
 
 
 def graph_wrong(call, x, out, ranks, rank, times, replays):
@@ -348,6 +455,16 @@ def rank_gpu(reps, replays):
         if wrong.item():
             bad.append(("repeat", n, wrong.item()))
     _progress(ctx, "repeats checked")
+    # the pipelined all_gather and all_to_all (from builders.PIPELINE_BYTES, or forced): several segments per
+    # program, the last program's last one short (a partial block) then empty, 32 MiB and 64 MiB by default
+    ctx.ccl.free()
+    for rows, cfg in (((1000, 129), Config(pull_segments=4, block_size=1024, comm_sms=16)), ((16384, 1024), None),
+                      ((8192, 4096), None)):
+        wrong, ran = pipelined_wrong(ctx, rows, cfg, max(20, reps // 6))
+        if wrong or ran != {"pipelined"}:
+            bad.append(("pipelined", rows, wrong, ran))
+        ctx.ccl.free()
+    _progress(ctx, "pipelined all_gather and all_to_all checked")
     # CUDA graph: captured once, replayed many times with new data copied into the captured input
     for n, cfg in ((8192, configs[0]), (1 << 20, configs[1]), (3 << 20, None)):
         x = torch.empty(n, dtype=torch.bfloat16, device=dev)

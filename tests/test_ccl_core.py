@@ -15,7 +15,7 @@ from iris.ccl.config import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, GLUON_ONLY, REDU
 from iris.ccl.checks import Groups, on_heap, overlap, position, tensor
 from iris.ccl.kernels.common import _tile_mn
 from iris.ccl.modes import MODES, elements
-from iris.ccl.plan import Knobs, knobs, pair_knobs, pair_split, split
+from iris.ccl.plan import Knobs, knobs, pair_knobs, pair_split, segment, split
 from iris.errors import IrisError
 from iris.heap import reserve
 
@@ -32,6 +32,20 @@ def test_split_covers_every_element_once(n, block, most):
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     else:
         assert (programs, per) == (1, block)
+
+
+@pytest.mark.parametrize("n", [1, 143, 1000, 4096, 100003])
+@pytest.mark.parametrize("block,most,segs", [(16, 2, 3), (16, 3, 8), (64, 7, 2), (1024, 128, 8)])
+def test_segments_cover_each_range_once(n, block, most, segs):
+    """The pipelined pull's segments: whole blocks, at most segs a program, together its range exactly."""
+    programs, per = split(n, block, most)
+    seg = segment(per, block, segs)
+    count = -(-per // seg)
+    assert seg % block == 0 and 1 <= count <= segs
+    for p in range(programs):
+        lo, hi = p * per, min(p * per + per, n)
+        parts = [(max(lo, min(lo + j * seg, hi)), min(lo + (j + 1) * seg, hi)) for j in range(count)]
+        assert parts[0][0] == lo and parts[-1][1] == hi and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
 
 
 def test_pair_split_and_knobs():

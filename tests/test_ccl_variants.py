@@ -8,6 +8,7 @@ import torch
 
 import iris
 from iris.ccl import CollectiveError, Config, ConfigError, GluonUnavailable, ReduceOp
+from test_ccl import PIPELINED, check_pipelined
 
 POISON = -77
 AR = ("one_shot", "two_shot", "one_shot_push", "two_shot_push", "atomic", "spinlock", "ring")
@@ -252,6 +253,8 @@ def rank_host(dtypes, reps, full):
         bad += check_all_gather(ctx, "partitioned", (5, 7), torch.int64, Config(all_gather_variant="partitioned",
                                                                                  block_size=16, comm_sms=2))
         bad += check_mutation(ctx)
+    if ctx.world == 4:  # test_ccl.py's test_collectives_host runs it at 2 and 3 ranks
+        bad += check_pipelined(ctx, 2, [PIPELINED[0]], one=False)
     ctx.close()
     return bad
 
@@ -336,7 +339,8 @@ def test_config_fields_and_defaults():
                         ("use_gluon", False), ("all_gather_variant", "pull"), ("all_to_all_variant", "default"),
                         ("all_reduce_variant", "auto"), ("all_reduce_distribution", 1), ("all_reduce_num_rings", 1),
                         ("all_reduce_ring_slice_n", 64), ("reduce_scatter_variant", "two_shot"), ("num_stages", 1),
-                        ("threads_per_warp", 32), ("waves_per_eu", 0), ("block_size", 0), ("spin_limit", 1 << 28)):
+                        ("threads_per_warp", 32), ("waves_per_eu", 0), ("block_size", 0), ("pull_segments", 0),
+                        ("spin_limit", 1 << 28)):
         assert getattr(c, name) == value, (name, getattr(c, name))
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
     assert c.comm_sms == sms and c.chunk_size == min(16, sms)
@@ -371,6 +375,7 @@ def test_config_mutation_changes_key():
     (dict(num_warps=3), "num_warps must be a power of two"),
     (dict(block_size=100), "power of two"),
     (dict(use_gluon=1), "use_gluon must be True or False"),
+    (dict(pull_segments=-1), "pull_segments must be an int >= 0"),
 ])
 def test_config_refuses(kwargs, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):

@@ -12,18 +12,24 @@ import torch
 
 from ..allocators.offsets import round_up
 from .kernels.accumulate import accumulate_kernel
-from .kernels.pull import broadcast_kernel, pull_kernel
+from .kernels.pull import broadcast_kernel, pipelined_kernel, pull_kernel
 from .kernels.push import gather_push_kernel, push_kernel, scatter_push_kernel
 from .kernels.ring import ring_gather_kernel, ring_kernel, ring_reduce_scatter_kernel
 from .kernels.shots import two_shot_kernel
 from .kernels.tiles import tile_reduce_scatter_kernel
 from .checks import not_capturing
 from .modes import elements
-from .plan import Plan, block_for, knobs, options, pow2, split
+from .plan import Plan, block_for, knobs, options, pow2, segment, split
 from . import puts
 
 _KiB, _MiB = 1 << 10, 1 << 20
 SPLIT_BROADCAST = _MiB  # bytes from which a broadcast over 3+ ranks is a scatter then an all_gather
+# bytes of inp from which all_gather pull and all_to_all stage in segments overlapped with the peers'
+# reads (pipelined_kernel), below which one exchange (pull_kernel) keeps small calls' latency. 2x H200
+# (collectives_pull-gpu-2ranks.json): one exchange led at 16 MiB (all_gather 80.6 against 91.0 us),
+# the pipelined form from 64 MiB (247 against 277; 880 against 1036 at 256 MiB)
+PIPELINE_BYTES = 32 * _MiB
+SEGMENTS = 4  # the pipelined form's most segments per program where Config.pull_segments is 0 (4 led 8 and 16 at 64 MiB)
 
 
 def all_reduce(ccl, out, inp, op, cfg) -> Plan:
@@ -263,16 +269,26 @@ def _staged(ccl, n, chunks, inp, cfg, rows=1):
     """The sizing and workspace of a kernel that moves n elements a chunk through a stage of two copies
     (by epoch parity) of `chunks` chunks, with `rows` flag exchanges: (programs, per, block, cs, (stage,
     flags, counters))."""
+    programs, per, block, cs = _sizes(n, inp, cfg)
+    return programs, per, block, cs, _workspace(ccl, programs, chunks, cs, inp.dtype, rows)
+
+
+def _sizes(n, inp, cfg):
+    """(programs, elements of a chunk per program, block, chunk stride cs) of a staged kernel."""
+    block = block_for(cfg.block_size, inp.dtype)
+    return split(n, block, cfg.comm_sms) + (block, round_up(n, 16))
+
+
+def _workspace(ccl, programs, chunks, cs, dtype, rows):
+    """A stage of two copies of `chunks` chunks cs apart, `rows` flag rows per program, and this rank's
+    epoch counters (collective: ends with a barrier)."""
     not_capturing(ccl.ctx.device)
     ctx = ccl.ctx
-    cs = round_up(n, 16)
-    block = block_for(cfg.block_size, inp.dtype)
-    programs, per = split(n, block, cfg.comm_sms)
-    stage = ctx.empty(2 * chunks * cs, dtype=inp.dtype)
+    stage = ctx.empty(2 * chunks * cs, dtype=dtype)
     flags = ctx.zeros(rows * programs * ctx.world, dtype=torch.int64)
     counters = torch.zeros(programs, dtype=torch.int64, device=ctx.device)
     ctx.barrier()  # every rank's flags are zero before any rank signals into them
-    return programs, per, block, cs, (stage, flags, counters)
+    return stage, flags, counters
 
 
 def scatter_push(ccl, out, inp, op, cfg):
@@ -298,16 +314,33 @@ def broadcast(ccl, out, inp, cfg, src):
 
 
 def pull(ccl, mode, out, inp, op, cfg, src=0):
-    """all_reduce one_shot, all_gather pull, all_to_all and broadcast: stage, exchange, read the peers."""
+    """all_reduce one_shot, all_gather pull, all_to_all and broadcast: stage, exchange, read the peers;
+    all_gather and all_to_all staged in segments where pipeline() says so."""
     ctx, w = ccl.ctx, ccl.ctx.world
     n = elements(mode, out, inp, w)
     chunks = w if mode == "a2a" else 1
-    programs, per, block, cs, (stage, flags, counters) = _staged(ccl, n, chunks, inp, cfg)
-    return Plan(pull_kernel, programs, options(cfg, 8), (stage, flags, counters), "one_shot",
-                inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
+    programs, per, block, cs = _sizes(n, inp, cfg)
+    seg = pipeline(mode, inp, cfg, w, per, block)
+    rows = -(-per // seg) if seg else 1  # a flag row per segment
+    stage, flags, counters = workspace = _workspace(ccl, programs, chunks, cs, inp.dtype, rows)
+    args = dict(inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, cs=cs, per=per, parity_stride=chunks * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
-                rank=ctx.rank, src=src, WORLD=w, PEERS=pow2(w), MODE=mode, OP=op.value,
-                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit)
+                rank=ctx.rank, WORLD=w, PEERS=pow2(w), MODE=mode, BLOCK=block, SPIN=cfg.spin_limit)
+    if seg:
+        return Plan(pipelined_kernel, programs, options(cfg, 8), workspace, "pipelined", seg=seg, **args)
+    return Plan(pull_kernel, programs, options(cfg, 8), workspace, "one_shot", src=src, OP=op.value,
+                IS_FLOAT=inp.dtype.is_floating_point, **args)
+
+
+def pipeline(mode, inp, cfg, w, per, block) -> int:
+    """Elements per segment of all_gather pull and all_to_all staged in segments (pipelined_kernel), or
+    0 for one exchange (pull_kernel): Config.pull_segments (1: one exchange; k >= 2: at most k
+    segments per program), where 0 SEGMENTS from PIPELINE_BYTES of inp on, one exchange below.
+    Other collectives, and a job of one rank, take one exchange."""
+    if mode not in ("ag", "a2a") or w == 1:
+        return 0
+    most = cfg.pull_segments or (SEGMENTS if inp.numel() * inp.element_size() >= PIPELINE_BYTES else 1)
+    return segment(per, block, most) if most > 1 else 0
 
 
 def pair_state(ccl) -> tuple:

@@ -52,7 +52,11 @@ class Config:
     iris's own: block_size (elements a program moves per step in the flat kernels, a power of two;
     0: by dtype, benchmarks/collectives.py chose 16 KiB worth; two_shot_push 4 to 32 KiB by size);
     one_shot_max_bytes (the largest all_reduce that "auto" does in one shot; 0: 4 MiB on 2 ranks,
-    256 KiB on more, from benchmarks/results/collectives_variants-gpu-2ranks.json); spin_limit (the
+    256 KiB on more, from benchmarks/results/collectives_variants-gpu-2ranks.json); pull_segments
+    (all_gather pull and all_to_all: 1 stages all of inp, then one flag exchange, then reads the
+    peers; k >= 2 cuts each program's range into at most k segments, each read by the peers while
+    the next is staged; 0: 1 below iris.ccl.builders.PIPELINE_BYTES of inp, 32 MiB, else
+    builders.SEGMENTS, 4; other collectives ignore it); spin_limit (the
     most polls of a flag before a program gives up; None: IRIS_SPIN_LIMIT, a few minutes; 0 waits for
     ever; a program that gives up leaves wrong data and marks its flag, and the host raises WaitTimeout
     at the next ctx.barrier(), ctx.ccl.free() or close, naming the collective, the rank, the peer, the
@@ -79,6 +83,7 @@ class Config:
     waves_per_eu: int = 0
     block_size: int = 0
     one_shot_max_bytes: int = 0
+    pull_segments: int = 0
     spin_limit: int | None = None
 
     def __post_init__(self):
@@ -123,7 +128,7 @@ class Config:
         for name in ("block_size_m", "block_size_n", "swizzle_size", "comm_sms", "num_xcds", "chunk_size",
                      "all_reduce_num_rings", "all_reduce_ring_slice_n", "num_stages", "threads_per_warp"):
             _int(name, getattr(self, name), 1)
-        for name in ("waves_per_eu", "block_size", "one_shot_max_bytes", "spin_limit"):
+        for name in ("waves_per_eu", "block_size", "one_shot_max_bytes", "pull_segments", "spin_limit"):
             _int(name, getattr(self, name), 0)
         if self.num_warps is not None:
             _int("num_warps", self.num_warps, 1)

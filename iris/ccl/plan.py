@@ -99,6 +99,12 @@ def split(n: int, block: int, most: int) -> tuple:
     return max(1, -(-n // per)), per
 
 
+def segment(per: int, block: int, most: int) -> int:
+    """Elements per segment where a program's per elements are cut into at most `most` segments of whole
+    blocks (cdiv(per, segment) of them, the last possibly short)."""
+    return round_up(-(-per // max(1, most)), block) or block
+
+
 def pair_split(n: int, dtype: torch.dtype, knob: Knobs, sms: int, cap: int) -> tuple:
     """(programs, elements per program, block) of a pair kernel: at most comm_sms (else sms) and cap
     programs."""

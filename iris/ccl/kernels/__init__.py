@@ -1,5 +1,6 @@
 """The Triton kernels of ctx.ccl, one module per algorithm: pull (stage, one flag exchange, read the
-peers), shots (two-shot all_reduce), push (by remote stores: all_reduce and all_gather), accumulate
+peers; or, for large all_gathers and all_to_alls, stage in segments, each signalled and read while the
+next is staged), shots (two-shot all_reduce), push (by remote stores: all_reduce and all_gather), accumulate
 (atomic and spinlock all_reduce), ring (all_reduce, all_gather, reduce_scatter around the ring),
 tiles (reduce_scatter in Iris's tile layout), group, group_push, group_accumulate and group_ring (the
 variants over a subset group: they read the members' inp in place, store into their out, or pass
@@ -10,7 +11,8 @@ Synchronisation never leaves the device. Each program p of a launch owns a row o
 rank and an epoch counter in this rank's memory; it increments its counter (so CUDA graph replays
 advance it too; every warp reads it before one thread stores it back, or a late warp would run the
 next call's epoch), writes the new epoch into row p, slot `rank`, of every peer's flags with release at
-sys scope, and spins with acquire until its own row holds that epoch from every peer. Flags only
+sys scope, and spins with acquire until its own row holds that epoch from every peer (the pipelined
+pull owns a row per segment: signalled once the segment is staged, waited for before it is read). Flags only
 grow (the rings' 0/1 hand-overs return to 0 by themselves), so nothing is ever reset. Program p of
 one rank waits only for program p of the others (every rank splits the work the same way), never for
 a program of its own launch, so the Triton interpreter, which runs programs one after another, works

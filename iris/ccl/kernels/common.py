@@ -17,12 +17,28 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
     slot of this rank's `row` holds at least epoch (acquire, sys). row: WORLD int64 flags on the heap;
     PEERS: a power of two >= WORLD. The barriers order the whole program's accesses around the flags.
     SPIN: as _await's; giving up marks slot `rank` of this rank's own row (no peer writes there)."""
+    _signal(row, epoch, rank, heap_bases, WORLD, PEERS)
+    _wait_peers(row, epoch, rank, WORLD, PEERS, SPIN)
+
+
+@triton.jit
+def _signal(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr):
+    """_exchange's first half: orders the program's earlier accesses before it, then writes epoch into
+    slot `rank` of `row` on every peer (release, sys)."""
     tl.debug_barrier()
     peers = tl.arange(0, PEERS)
     live = (peers < WORLD) & (peers != rank)
     slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
     tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
-    _await(row + peers, live, epoch, row + rank, SPIN)
+
+
+@triton.jit
+def _wait_peers(row, epoch, rank, WORLD: tl.constexpr, PEERS: tl.constexpr, SPIN: tl.constexpr):
+    """_exchange's second half: waits until every peer's slot of this rank's `row` holds at least epoch
+    (acquire, sys), then orders the program's later accesses after it. Giving up (SPIN) marks slot
+    `rank` of this rank's own row."""
+    peers = tl.arange(0, PEERS)
+    _await(row + peers, (peers < WORLD) & (peers != rank), epoch, row + rank, SPIN)
     tl.debug_barrier()
 
 
