@@ -7,10 +7,10 @@
 gemm: iris.ops.matmul (persistent, TMA) against torch.matmul (cuBLAS) at 8192^3 and 4096x8192x8192
 bf16, several tile configs, TFLOP/s (rank 0's GPU). fused (bf16, K = N = --nk, every M of --ms, the
 output's rows): all_gather_matmul and matmul_all_gather (A sharded by rows) against torch.matmul
-alone (the floor: no communication), NCCL collective + torch.matmul, and
-torch.ops.symm_mem.fused_all_gather_matmul; matmul_reduce_scatter and matmul_all_reduce
-(row-parallel, K sharded) against matmul + reduce_scatter_tensor / all_reduce and
-symm_mem.fused_matmul_reduce_scatter; matmul_all_reduce also at the rows of --small-ms.
+alone (the floor: no communication), NCCL collective + torch.matmul, ctx.ccl's collective +
+torch.matmul, and torch.ops.symm_mem.fused_all_gather_matmul; matmul_reduce_scatter and
+matmul_all_reduce (row-parallel, K sharded) against matmul + reduce_scatter_tensor / all_reduce,
+matmul + ctx.ccl's, and symm_mem.fused_matmul_reduce_scatter; matmul_all_reduce also at the rows of --small-ms.
 Each iris op in both variants (FusedConfig.variant "fused": the persistent kernel; "streamed": cuBLAS
 by chunks with copy-engine transfers, at several chunk counts) and as dispatched by default ("iris").
 Each eager (CUDA events around each call) and replayed from a CUDA graph; medians in microseconds.
@@ -43,21 +43,35 @@ def us(dev, fn, reps):
     return statistics.median(timed(dev, fn, reps, warmup=3)) * 1e6
 
 
-def graphed(dev, fn, reps):
-    """Median µs of replays of a CUDA graph holding one call of fn; None where capture fails."""
+def graph_of(dev, fn):
+    """A CUDA graph of one call of fn; None on the host, the failure where capture fails."""
     if dev.type != "cuda":
         return None
     try:
-        return us(dev, captured(fn).replay, reps)
+        return captured(fn)
     except Exception as e:  # noqa: BLE001 - recorded, not fatal
         return f"capture failed: {type(e).__name__}: {str(e)[:200]}"
 
 
-def both(dev, fn, reps):
-    dist.barrier()
-    e = us(dev, fn, reps)
-    dist.barrier()
-    return {"eager_us": e, "graph_us": graphed(dev, fn, reps)}
+def time_all(row, fns, dev, reps, rounds=4):
+    """row[label] gets the median eager and graph-replayed us of fns[label] (merged into what row holds
+    there), measured in `rounds` rounds that each time every entry in turn: the GPU's clocks drift over
+    a sweep (GEMMs at full power slow down), and interleaving lays that drift on every entry alike
+    instead of on the last ones timed."""
+    graphs = {label: graph_of(dev, fn) for label, fn in fns.items()}
+    eager, graph = {label: [] for label in fns}, {label: [] for label in fns}
+    per = max(1, reps // rounds)
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            dist.barrier()
+            eager[label] += timed(dev, fn, per, warmup=1)
+            if isinstance(graphs[label], torch.cuda.CUDAGraph):
+                dist.barrier()
+                graph[label] += timed(dev, graphs[label].replay, per, warmup=1)
+    for label in fns:
+        g = statistics.median(graph[label]) * 1e6 if graph[label] else graphs[label]
+        row[label] = {**row.get(label, {}), "eager_us": statistics.median(eager[label]) * 1e6, "graph_us": g}
+    del graphs
 
 
 def part_gemm(dev, shapes, reps):
@@ -106,33 +120,63 @@ def check(name, got, want):
 
 def _variants():
     """label -> FusedConfig, per op. streamed_<chunks>: that many chunks per owner's rows (all_reduce,
-    reduce_scatter, matmul_all_gather); streamed_2_ccl32: matmul_all_reduce's chunks reduced by
-    ctx.ccl.all_reduce on 32 programs instead of the copy engines; fused_bn64: narrower tiles (more
+    reduce_scatter, matmul_all_gather); ccl: the GEMM, then ctx.ccl's collective; streamed_2_ccl32:
+    matmul_all_reduce's chunks reduced by ctx.ccl.all_reduce on 32 programs instead of the copy
+    engines; fused_bn64: narrower tiles (more
     waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot kernel (Iris's
     tile ownership) with the same tiles. Tiles chosen by shape, as with config=None."""
     def F(**kw):
         return FusedConfig(**{**dict(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8,
                                      all_reduce_variant="one_shot"), **kw})
-    return {"ag": {"fused": F(variant="fused"), "streamed": F(variant="streamed")},
-            "mag": {"fused": F(variant="fused"), **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (2, 3, 4)}},
-            "rs": {"fused": F(variant="fused"), **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (2, 3, 4)}},
-            "ar": {"fused": F(variant="fused"), "two_shot": F(variant="fused", all_reduce_variant="two_shot"),
+    ccl = {"ccl": F(variant="ccl")}
+    chunked = {f"streamed_{c}": F(variant="streamed", chunks=c) for c in (2, 3, 4)}
+    return {"ag": {"fused": F(variant="fused"), "streamed": F(variant="streamed"), **ccl},
+            "mag": {"fused": F(variant="fused"), **chunked, **ccl},
+            "rs": {"fused": F(variant="fused"), **chunked, **ccl},
+            "ar": {"fused": F(variant="fused"), "two_shot": F(variant="fused", all_reduce_variant="two_shot"), **ccl,
                    "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
                    **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (1, 2, 3, 4)},
                    "streamed_2_ccl32": F(variant="streamed", chunks=2, comm_sms=32)}}
 
 
-def variants(row, kind, dev, reps, call, name, got, want):
-    """row["iris_<label>"] for every variant, each checked, then timed, then row["iris"] (default dispatch)."""
+def variants(row, fns, kind, call, name, got, want):
+    """fns["iris_<label>"] for every variant that computes the reference (else row records its failure),
+    then fns["iris"] (default dispatch)."""
     for label, cfg in _variants()[kind].items():
         label = "iris_" + label
         try:
             got.fill_(float("nan"))
             call(cfg)
-            row[label] = {"max_abs_err": check(f"{name} {label}", got, want), **both(dev, lambda: call(cfg), reps)}
+            row[label] = {"max_abs_err": check(f"{name} {label}", got, want)}
+            fns[label] = lambda c=cfg: call(c)
         except Exception as e:  # noqa: BLE001 - recorded: the other variants still run
             row[label] = f"failed: {type(e).__name__}: {str(e)[:300]}"
-    row["iris"] = both(dev, lambda: call(None), reps)
+    fns["iris"] = lambda: call(None)
+
+
+def measure(dev, reps, name, kind, mkn, call, got, want, refs, ccl, symm=None):
+    """One op's row: call(config) as dispatched (config=None) and in every variant, each checked against
+    want; refs (label -> its unfused references, NCCL's and the GEMM alone); ccl (label, the GEMM and
+    ctx.ccl's collective one after the other: the floor "never slower than" refers to), checked too;
+    symm (torch's symmetric-memory op and its result's tensor, where torch offers it); then all of
+    them timed by time_all."""
+    call(None)
+    row, fns = {"M": mkn[0], "K": mkn[1], "N": mkn[2], "max_abs_err": check(name, got, want)}, {}
+    variants(row, fns, kind, call, name, got, want)
+    fns.update(refs)
+    got.fill_(float("nan"))
+    ccl[1]()
+    row[ccl[0]] = {"max_abs_err": check(ccl[0], got, want)}
+    fns[ccl[0]] = ccl[1]
+    if symm is not None:
+        try:
+            fn, result = symm()
+            check(f"symm_mem {name}", result(fn()), want)
+            fns["torch_symm_mem_fused"] = fn
+        except Exception as e:  # noqa: BLE001 - recorded: torch's op is missing on the host, or refuses
+            row["torch_symm_mem_fused"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+    time_all(row, fns, dev, reps)
+    return row
 
 
 def part_fused(ctx, dev, M, K, N, reps):
@@ -152,22 +196,19 @@ def part_fused(ctx, dev, M, K, N, reps):
         dist.all_gather_into_tensor(A_full, A_loc)
         torch.matmul(A_full, B, out=C_ref)
     ref_ag()
-    ctx.ops.all_gather_matmul(C, A_loc, B)
-    row = {"M": M, "K": K, "N": N, "max_abs_err": check("all_gather_matmul", C, C_ref)}
-    variants(row, "ag", dev, reps, lambda cfg: ctx.ops.all_gather_matmul(C, A_loc, B, config=cfg),
-             "all_gather_matmul", C, C_ref)
-    row["matmul_alone"] = both(dev, lambda: torch.matmul(A_full, B, out=C_ref), reps)
-    row["nccl_all_gather_then_matmul"] = both(dev, ref_ag, reps)
-    try:
+    group = dist.group.WORLD.group_name
+
+    def symm_ag():  # torch's symmetric memory for the job's group, then its fused op (rs's below too)
         import torch.distributed._symmetric_memory as symm_mem
-        symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
-        fn = lambda: torch.ops.symm_mem.fused_all_gather_matmul(A_loc, [B], 0, dist.group.WORLD.group_name,  # noqa
-                                                                 return_A=False)
-        check("symm_mem.fused_all_gather_matmul", fn()[1][0], C_ref)
-        row["torch_symm_mem_fused"] = both(dev, fn, reps)
-    except Exception as e:  # noqa: BLE001
-        row["torch_symm_mem_fused"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
-    out["all_gather_matmul"] = row
+        symm_mem.enable_symm_mem_for_group(group)
+        return (lambda: torch.ops.symm_mem.fused_all_gather_matmul(A_loc, [B], 0, group, return_A=False)), \
+            lambda res: res[1][0]
+    out["all_gather_matmul"] = measure(
+        dev, reps, "all_gather_matmul", "ag", (M, K, N),
+        lambda cfg: ctx.ops.all_gather_matmul(C, A_loc, B, config=cfg), C, C_ref,
+        {"matmul_alone": lambda: torch.matmul(A_full, B, out=C_ref), "nccl_all_gather_then_matmul": ref_ag},
+        ("ccl_all_gather_then_matmul", lambda: (ctx.ccl.all_gather(A_full, A_loc), torch.matmul(A_full, B, out=C))),
+        symm_ag)
 
     # matmul_all_gather (output on the heap)
     Ch = ctx.empty(M, N, dtype=bf)
@@ -177,13 +218,11 @@ def part_fused(ctx, dev, M, K, N, reps):
         torch.matmul(A_loc, B, out=part)
         dist.all_gather_into_tensor(C_ref, part)
     ref_mag()
-    ctx.ops.matmul_all_gather(Ch, A_loc, B)
-    row = {"M": M, "K": K, "N": N, "max_abs_err": check("matmul_all_gather", Ch, C_ref)}
-    variants(row, "mag", dev, reps, lambda cfg: ctx.ops.matmul_all_gather(Ch, A_loc, B, config=cfg),
-             "matmul_all_gather", Ch, C_ref)
-    row["matmul_alone"] = both(dev, lambda: torch.matmul(A_loc, B, out=part), reps)
-    row["matmul_then_nccl_all_gather"] = both(dev, ref_mag, reps)
-    out["matmul_all_gather"] = row
+    out["matmul_all_gather"] = measure(
+        dev, reps, "matmul_all_gather", "mag", (M, K, N),
+        lambda cfg: ctx.ops.matmul_all_gather(Ch, A_loc, B, config=cfg), Ch, C_ref,
+        {"matmul_alone": lambda: torch.matmul(A_loc, B, out=part), "matmul_then_nccl_all_gather": ref_mag},
+        ("matmul_then_ccl_all_gather", lambda: (torch.matmul(A_loc, B, out=part), ctx.ccl.all_gather(Ch, part))))
     del Ch
 
     # matmul_reduce_scatter and matmul_all_reduce, row-parallel: A (M x K/w), B (K/w x N) per rank
@@ -197,21 +236,16 @@ def part_fused(ctx, dev, M, K, N, reps):
         torch.matmul(A_rp, B_rp, out=C_ref)
         dist.reduce_scatter_tensor(Cs_ref, C_ref)
     ref_rs()
-    ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp)
-    row = {"M": M, "K": K, "N": N, "max_abs_err": check("matmul_reduce_scatter", Cs, Cs_ref)}
-    variants(row, "rs", dev, reps, lambda cfg: ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp, config=cfg),
-             "matmul_reduce_scatter", Cs, Cs_ref)
-    row["matmul_alone"] = both(dev, lambda: torch.matmul(A_rp, B_rp, out=C_ref), reps)
-    row["matmul_then_nccl_reduce_scatter"] = both(dev, ref_rs, reps)
-    try:
-        fn = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(A_rp, B_rp, "sum", 0,  # noqa
-                                                                    dist.group.WORLD.group_name)
-        check("symm_mem.fused_matmul_reduce_scatter", fn(), Cs_ref)
-        row["torch_symm_mem_fused"] = both(dev, fn, reps)
-    except Exception as e:  # noqa: BLE001
-        row["torch_symm_mem_fused"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
-    out["matmul_reduce_scatter"] = row
-    del Cs, Cs_ref
+    full = torch.empty(M, N, device=dev, dtype=bf)
+    out["matmul_reduce_scatter"] = measure(
+        dev, reps, "matmul_reduce_scatter", "rs", (M, K, N),
+        lambda cfg: ctx.ops.matmul_reduce_scatter(Cs, A_rp, B_rp, config=cfg), Cs, Cs_ref,
+        {"matmul_alone": lambda: torch.matmul(A_rp, B_rp, out=C_ref), "matmul_then_nccl_reduce_scatter": ref_rs},
+        ("matmul_then_ccl_reduce_scatter",
+         lambda: (torch.matmul(A_rp, B_rp, out=full), ctx.ccl.reduce_scatter(Cs, full))),
+        lambda: ((lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(A_rp, B_rp, "sum", 0, group)),
+                 lambda res: res))
+    del Cs, Cs_ref, full
     out["matmul_all_reduce"] = part_all_reduce(ctx, dev, M, A_rp, B_rp, C, C_ref, reps)
     if r == 0:
         for name, row in out.items():
@@ -226,14 +260,11 @@ def part_all_reduce(ctx, dev, M, A, B, Co, Co_ref, reps):
         torch.matmul(A, B, out=Co_ref)
         dist.all_reduce(Co_ref)
     ref_ar()
-    ctx.ops.matmul_all_reduce(Co, A, B)
-    row = {"M": M, "K": A.shape[1] * ctx.get_num_ranks(), "N": B.shape[1],
-           "max_abs_err": check(f"matmul_all_reduce M={M}", Co, Co_ref)}
-    variants(row, "ar", dev, reps, lambda cfg: ctx.ops.matmul_all_reduce(Co, A, B, config=cfg),
-             f"matmul_all_reduce M={M}", Co, Co_ref)
-    row["matmul_alone"] = both(dev, lambda: torch.matmul(A, B, out=Co_ref), reps)
-    row["matmul_then_nccl_all_reduce"] = both(dev, ref_ar, reps)
-    return row
+    full = torch.empty_like(Co)
+    return measure(dev, reps, f"matmul_all_reduce M={M}", "ar", (M, A.shape[1] * ctx.get_num_ranks(), B.shape[1]),
+                   lambda cfg: ctx.ops.matmul_all_reduce(Co, A, B, config=cfg), Co, Co_ref,
+                   {"matmul_alone": lambda: torch.matmul(A, B, out=Co_ref), "matmul_then_nccl_all_reduce": ref_ar},
+                   ("matmul_then_ccl_all_reduce", lambda: (torch.matmul(A, B, out=full), ctx.ccl.all_reduce(Co, full))))
 
 
 def main():

@@ -40,9 +40,10 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
     errors = _bad_shapes(ctx) if bad_shapes else []
     streamed = FusedConfig(variant="streamed", chunks=3)  # cuBLAS by chunks + copy-engine transfers
     via_ccl = FusedConfig(variant="streamed", chunks=2, comm_sms=2)  # chunks reduced by ctx.ccl.all_reduce
+    unfused = FusedConfig(variant="ccl")  # the GEMM, then ctx.ccl's collective
     for call, seed in enumerate((1, 2)):  # twice: the second call reuses the workspace, next epoch
         m = M // w
-        for cfg in (config, streamed):
+        for cfg in (config, streamed, unfused):
             # all_gather_matmul: A row-sharded (m x K per rank), B replicated
             ins = _inputs(w, [(m, K)], dtype, seed)
             Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(seed + 99)).to(dtype)
@@ -68,7 +69,7 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
             ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=cfg)
             errors.append(_close(f"matmul_reduce_scatter {cfg} call {call}", out, want[r * m:(r + 1) * m], dtype,
                                  scale))
-            if cfg is not streamed:  # Iris's layout: output M x N, this rank's tiles
+            if cfg is not streamed and cfg is not unfused:  # Iris's layout: output M x N, this rank's tiles
                 out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
                 ctx.ops.matmul_reduce_scatter(out, A, ins[r][1].to(dev), config=cfg)
                 bm, bn = (cfg.block_size_m, cfg.block_size_n) if cfg is not None else (256, 64)
@@ -84,7 +85,7 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
         want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
         out = ctx.full((w * m, N), float("nan"), dtype=dtype)
         biased = want + torch.cat([x[1].float() for x in ins])[:, None]
-        for cfg in (config, streamed):
+        for cfg in (config, streamed, unfused):
             out.fill_(float("nan"))
             ctx.ops.matmul_all_gather(out, ins[r][0].to(dev), Bg.to(dev), config=cfg)
             errors.append(_close(f"matmul_all_gather {cfg} call {call}", out, want, dtype))
@@ -198,7 +199,7 @@ def test_matmul_world_one_transposed_and_odd():
             assert _close("matmul", out, (a.float() @ b.float()).cpu(), dtype) is None
     with pytest.raises(ValueError, match="B needs 50 rows"):
         matmul(A, B[:49])
-    with pytest.raises(ValueError, match="'fused' or 'streamed'"):
+    with pytest.raises(ValueError, match="'streamed' or 'ccl'"):
         FusedConfig(variant="stream")
     cfg = FusedConfig()  # Iris's defaults, mutable; validate() checks what was set since
     assert (cfg.block_size_m, cfg.block_size_n, cfg.block_size_k, cfg.all_reduce_variant) == (256, 64, 64, "two_shot")
@@ -278,9 +279,24 @@ def test_matmul_all_gather_bias_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["fused", "streamed"])
+@pytest.mark.parametrize("variant", ["fused", "streamed", "ccl"])
 def test_fused_ops_gpu_repeated_calls_replay(variant):
     out = iris.spawn(rank_ops_repeat, 2, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6,
                                                FusedConfig(variant=variant, chunks=2)))
     for r, errs in enumerate(out):
         assert not errs, f"rank {r}: {errs}"
+
+
+def test_default_variant_rules():
+    """What config=None runs on GPUs, by shape and ranks (K = N = 8192, M output rows; gemm_comm.py)."""
+    from iris.ops import default_variant
+    K = N = 8192
+    for w, M, want in ((2, 128, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"),
+                       (4, 8192, "ccl"), (3, 8192, "ccl")):
+        assert default_variant("ar", w, M, N, M, K // w) == want, ("ar", w, M)
+    for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "fused"), (4, 8192, "streamed")):
+        assert default_variant("rs", w, M // w, N, M, K // w) == want, ("rs", w, M)
+    for w, M, want in ((2, 512, "fused"), (2, 1024, "streamed"), (4, 2048, "fused"), (4, 4096, "streamed")):
+        assert default_variant("mag", w, M, N, M // w, K) == want, ("mag", w, M)
+    for w, M, want in ((2, 2048, "streamed"), (2, 4096, "fused")):
+        assert default_variant("ag", w, M, N, M // w, K) == want, ("ag", w, M)

@@ -168,6 +168,17 @@ class CCL:
             return
         self._run("ag", out, inp, ranks, cfg, self._gathered(inp, w))
 
+    def reduce_scatter_preamble(self, out, inp, config=None, op=ReduceOp.SUM):
+        """Builds (collectively) what reduce_scatter(out, inp) in torch's layout needs, so the first real
+        call can be captured in a CUDA graph. Returns the plan. Collective: all ranks, same order, same
+        sizes."""
+        w = self.ctx.world
+        if inp.dim() and inp.shape[0] % w:
+            raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
+                                  f"the {w} ranks; pad it to {round_up(inp.shape[0], w)}")
+        want = (inp.shape[0] // w,) + tuple(inp.shape[1:]) if inp.dim() else None
+        return self._plan_for("rs", out, inp, self._config(config), want, ReduceOp(op))
+
     def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
         """Two layouts. torch's reduce_scatter_tensor: out (M, N) on rank r = rows [r*M, (r+1)*M) of inp
         (world*M, N) reduced over all ranks (over a group, world is its size and r a rank's position in

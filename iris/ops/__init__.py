@@ -16,13 +16,14 @@ output M/world x N takes this rank's rows; output M x N is Iris's layout, this r
 iris's fused kernels; "atomic", "spinlock" and "ring" (Iris's other names) through the device tile API
 (matmul_tile_reduce.py), as FusedConfig(variant="tiles") runs every variant.
 
-Two implementations (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS
-by chunks of rows with copy-engine transfers on side streams (streamed.py). With config=None iris
+Three implementations (FusedConfig.variant): "fused", one persistent Triton kernel; "streamed", cuBLAS
+by chunks of rows with copy-engine transfers on side streams (streamed.py); "ccl", the GEMM then
+ctx.ccl's collective (unfused.py). With config=None iris
 picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
-matmul_all_reduce and matmul_all_gather from STREAMED_MIN_ROWS rows, for a row-layout
-matmul_reduce_scatter from STREAMED_MIN_MACS (both times (world / 2)^2 beyond 2 ranks) and for
-all_gather_matmul below AG_STREAMED_MAX_MACS, fused otherwise, and always on the host; beyond 2
-ranks matmul_all_reduce is the GEMM, then ctx.ccl.all_reduce (what measured fastest at 4).
+matmul_all_gather from STREAMED_MIN_ROWS rows, for a row-layout matmul_reduce_scatter from
+STREAMED_MIN_MACS (both times (world / 2)^2 beyond 2 ranks; below, matmul_reduce_scatter is "ccl"
+on 2 ranks) and for all_gather_matmul below AG_STREAMED_MAX_MACS, fused otherwise, and always on
+the host; matmul_all_reduce is "ccl" except on 2 ranks from AR_STREAMED_MIN_ROWS rows (streamed).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from . import matmul_reduce as _mr
 from . import matmul_tile_reduce as _mtr
 from . import owned_tiles as _ot
 from . import streamed as _st
+from . import unfused as _un
 from ..errors import CollectiveError, IndirectPeerError
 from .config import FusedConfig
 # Iris's module path iris.ops.matmul_reduce_scatter; bound after the submodule loads, so the name is the function
@@ -45,8 +47,9 @@ from .matmul_reduce_scatter import matmul_reduce_scatter, matmul_reduce_scatter_
 from .gemm import interpreted, matmul, tiles_for
 from .workspace import FusedWorkspace
 
-# where "streamed" is chosen, and its chunks: benchmarks/gemm_comm.py (benchmarks/results/gemm_comm-fused-gpu-*.json)
-STREAMED_MIN_ROWS = 1024  # matmul_all_reduce, matmul_all_gather: output rows from which streamed is the default
+# where "streamed" and "ccl" are chosen, and the chunks: benchmarks/gemm_comm.py (results/gemm_comm-fused-gpu-*.json)
+STREAMED_MIN_ROWS = 1024  # matmul_all_gather: output rows from which streamed is the default
+AR_STREAMED_MIN_ROWS = 2048  # matmul_all_reduce, 2 ranks: streamed from these rows, "ccl" below and beyond 2 ranks
 STREAMED_MIN_MACS = 1 << 35  # matmul_reduce_scatter (row layout): multiply-adds from which streamed is
 AG_STREAMED_MAX_MACS = 1 << 38  # all_gather_matmul: streamed below these multiply-adds, the fused kernel from them
 CHUNK_ROWS = 512  # streamed: chunks per owner's rows of about this many, 2 to 4 (one chunk cannot overlap)
@@ -67,6 +70,19 @@ OP_NAMES = {"ag": "all_gather_matmul", "ar": "matmul_all_reduce", "rs": "matmul_
 __all__ = ["FusedConfig", "FusedWorkspace", "OpsNamespace", "all_gather_matmul", "all_gather_matmul_preamble", "matmul",
            "matmul_all_gather", "matmul_all_gather_preamble", "matmul_all_reduce", "matmul_all_reduce_preamble",
            "matmul_reduce_scatter", "matmul_reduce_scatter_preamble"]
+
+
+def default_variant(kind: str, world: int, rows: int, cols: int, a_rows: int, inner: int) -> str:
+    """The variant config=None runs on GPUs for an op (kind "ag", "mag", "rs", "ar") with an output of
+    rows x cols and A of a_rows x inner on each of world ranks (module docstring; docs/performance.md)."""
+    grow = (world / 2) ** 2  # from 3 ranks on, the communication's share grows: larger shapes before streaming
+    if kind == "ar":  # the matmul then ctx.ccl.all_reduce led the overlapped forms at 4 ranks, and below 2048 rows at 2
+        return "streamed" if world == 2 and rows >= AR_STREAMED_MIN_ROWS else "ccl"
+    if kind == "mag":
+        return "streamed" if rows >= STREAMED_MIN_ROWS * grow else "fused"
+    if kind == "rs":  # below streamed's sizes "ccl" led the fused kernel at 2 ranks (not timed beyond)
+        return "streamed" if a_rows * cols * inner >= STREAMED_MIN_MACS * grow else "ccl" if world == 2 else "fused"
+    return "streamed" if rows * cols * inner < AG_STREAMED_MAX_MACS else "fused"
 
 
 def _check_bias(name, bias, output):
@@ -175,14 +191,7 @@ class OpsNamespace:
             return (config.variant or "fused") if self._ctx.world > 1 else "fused"
         if A.device.type != "cuda" or interpreted() or self._ctx.world == 1:
             return "fused"
-        macs, grow = output.shape[0] * output.shape[1] * A.shape[1], (self._ctx.world / 2) ** 2
-        if kind == "ar" and self._ctx.world > 2:
-            return "ccl"  # 4 ranks: the matmul, then ctx.ccl.all_reduce, beat every overlapped form at every M
-        if kind in ("ar", "mag"):  # from 3 ranks on, the communication's share grows: larger shapes before
-            return "streamed" if output.shape[0] >= STREAMED_MIN_ROWS * grow else "fused"
-        if kind == "rs":
-            return "streamed" if A.shape[0] * output.shape[1] * A.shape[1] >= STREAMED_MIN_MACS * grow else "fused"
-        return "streamed" if kind == "ag" and macs < AG_STREAMED_MAX_MACS else "fused"
+        return default_variant(kind, self._ctx.world, output.shape[0], output.shape[1], A.shape[0], A.shape[1])
 
     def _kind(self, kind, output, A, B, config) -> str:
         """The op's layout and algorithm from the shapes and config, checked (before any allocation)."""
@@ -205,7 +214,7 @@ class OpsNamespace:
             _agm.check(A, B, output, w)
         elif kind == "ar":
             _mr.check("matmul_all_reduce", A, B, output, w, False)
-            if config is not None and config.variant != "streamed":
+            if config is not None and config.variant not in ("streamed", "ccl"):
                 if config.all_reduce_variant in TILE_API_VARIANTS:
                     _mtr.check("matmul_all_reduce", self._ctx, A, B, output, config, False)
                     return "ar_tile_api"
@@ -214,8 +223,8 @@ class OpsNamespace:
         elif kind == "rs" and w > 1 and output.dim() == 2 and A.dim() == 2 and tuple(output.shape) == tuple(
                 A.shape[:1]) + tuple(B.shape[1:]):
             _mr.check("matmul_reduce_scatter", A, B, output, 1, False)
-            if config is not None and config.variant == "streamed":
-                raise ValueError("matmul_reduce_scatter: the streamed variant takes the row layout (output "
+            if config is not None and config.variant in ("streamed", "ccl"):
+                raise ValueError(f"matmul_reduce_scatter: the {config.variant} variant takes the row layout (output "
                                  f"{A.shape[0] // w}x{B.shape[1]}); Iris's tile layout (output M x N) runs fused")
             return "rs_tiles"
         elif kind == "rs":
@@ -238,9 +247,9 @@ class OpsNamespace:
         if kind == "ag_k":
             return self._ws(kind, output, A, B, None, lambda: _tagged(_gk.preamble(ctx, output, A, B), kind))
         variant = self._variant(kind, output, A, B, config)
-        if variant == "ccl":  # the whole GEMM, then ctx.ccl.all_reduce with its default config
-            return self._ws(kind + "/ccl", output, A, B, None,
-                            lambda: _tagged(_st.preamble(ctx, kind, output, A, B, 1, None, True), "streamed"))
+        if variant == "ccl":  # the whole GEMM, then ctx.ccl's collective with its default config
+            return self._ws(kind + "/ccl", output, A, B, None, lambda: _tagged(_un.preamble(ctx, kind, output, A, B),
+                                                                               "ccl"))
         if variant == "streamed":
             owner = {"mag": A.shape[0], "rs": output.shape[0], "ar": output.shape[0] // ctx.world}.get(kind, 0)
             chunks = config.chunks if config is not None and config.chunks else streamed_chunks(kind, owner)
@@ -262,8 +271,11 @@ class OpsNamespace:
               else self._preamble(kind, output, A, B, config))
         ctx, op = self._ctx, ws["op"]
         ctx.ccl.order.enter()  # one device order with every collective of the context (iris/ccl/order.py)
-        if op == "streamed":
-            _st.run(ctx, output, A, B, ws, bias if kind == "mag" else None)
+        if op in ("streamed", "ccl"):  # matmul_all_gather's bias goes into its rows before they are sent
+            if op == "streamed":
+                _st.run(ctx, output, A, B, ws, bias if kind == "mag" else None)
+            else:
+                _un.run(ctx, kind, output, A, B, ws, bias if kind == "mag" else None)
             if kind == "mag":
                 return ws
         elif op in ("ar_tile_api", "rs_tile_api"):

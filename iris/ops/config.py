@@ -1,7 +1,7 @@
 """FusedConfig: the tile sizes, launch shape and algorithm of the fused GEMM + communication ops."""
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 ALL_REDUCE_VARIANTS = ("atomic", "ring", "one_shot", "two_shot", "spinlock")  # the names Iris accepts
@@ -28,7 +28,8 @@ class FusedConfig:
     matmul_all_reduce, reduce each chunk with ctx.ccl.all_reduce on that many programs);
     num_stages/num_warps: Triton's pipeline depth and warps per program; variant: "fused" (one
     persistent kernel), "streamed" (torch.matmul by chunks of rows, copy-engine transfers on side
-    streams: iris/ops/streamed.py) or None: with config=None iris picks by shape and device
+    streams: iris/ops/streamed.py), "ccl" (torch.matmul, then ctx.ccl's collective: iris/ops/unfused.py)
+    or None: with config=None iris picks by shape and device
     (docs/collectives.md); with a config, "fused"; "tiles": matmul_all_reduce and matmul_reduce_scatter
     through the device tile API, any all_reduce_variant but ring's block rule (iris/ops/matmul_tile_reduce.py);
     chunks: the streamed variant's chunks of each rank's rows (None: 2 to 4 by size).
@@ -56,8 +57,9 @@ class FusedConfig:
         self.validate()
 
     def key(self) -> tuple:
-        """The fields' values now: what a workspace built for this config depends on."""
-        return astuple(self)
+        """The fields' values now: what a workspace built for this config depends on (scalars all, so no
+        deep copy: dataclasses.astuple took about 30 us a call, on every op called with a config)."""
+        return tuple(getattr(self, name) for name in _FIELDS)
 
     def validate(self, world_size: Optional[int] = None) -> None:
         """Raise ValueError naming the first bad field (Iris's check, and the limits of iris's kernels)."""
@@ -78,8 +80,9 @@ class FusedConfig:
                 and self.block_size_n % world_size:
             raise ValueError(f"FusedConfig: the ring variant needs block_size_n ({self.block_size_n}) divisible by "
                              f"the world size ({world_size})")
-        if self.variant not in (None, "fused", "streamed", "tiles"):
-            raise ValueError(f"FusedConfig.variant must be None, 'tiles', 'fused' or 'streamed', got {self.variant!r}")
+        if self.variant not in (None, "fused", "streamed", "tiles", "ccl"):
+            raise ValueError(f"FusedConfig.variant must be None, 'tiles', 'fused', 'streamed' or 'ccl', got "
+                             f"{self.variant!r}")
         for name in ("cache_modifier_a", "cache_modifier_b"):
             if getattr(self, name) not in CACHE_MODIFIERS:
                 raise ValueError(f"FusedConfig.{name} must be one of {list(CACHE_MODIFIERS)}, got "
@@ -87,3 +90,6 @@ class FusedConfig:
         if self.allow_tf32 is not True:
             raise ValueError("FusedConfig.allow_tf32=False is not offered: iris's kernels multiply float32 in TF32; "
                              "use torch.matmul with torch.backends.cuda.matmul.allow_tf32 = False and ctx.ccl")
+
+
+_FIELDS = tuple(f.name for f in fields(FusedConfig))

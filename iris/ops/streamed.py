@@ -87,15 +87,15 @@ def owned_chunks(M: int, w: int, chunks: int) -> list:
             for p in range(w)]
 
 
-def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None, via_ccl=False) -> dict:
+def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None) -> dict:
     """Heap buffer, flags and side streams of one op ("ar", "rs", "ag" or "mag") at these shapes; chunks:
-    per owner's block ("ar", "rs"), of this rank's rows ("mag"); "ar" with comm_sms or via_ccl: chunks of
-    all rows, each reduced by ctx.ccl.all_reduce (on comm_sms programs; None: its default) instead.
+    per owner's block ("ar", "rs"), of this rank's rows ("mag"); "ar" with comm_sms: chunks of
+    all rows, each reduced by ctx.ccl.all_reduce on comm_sms programs instead.
     Collective: all ranks, same order, same sizes."""
     w, dev, dt = ctx.world, A.device, A.dtype
     M, N, K = (w * A.shape[0] if kind == "ag" else A.shape[0]), B.shape[1], A.shape[1]
     ws = {"kind": kind}
-    if kind == "ar" and (comm_sms or via_ccl):
+    if kind == "ar" and comm_sms:
         ws["kind"], ws["rows"], C = "ar_ccl", chunk_rows(M, chunks), 1
         ws["buf"] = ctx.empty(M, N, dtype=dt)
     elif kind in ("ar", "rs"):
@@ -122,7 +122,7 @@ def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None, via_ccl=F
     ws["tx"] = torch.cuda.Stream(dev) if cuda else None
     ws["rx"] = torch.cuda.Stream(dev) if cuda else None
     if ws["kind"] == "ar_ccl":
-        ws["ccl"] = Config(comm_sms=comm_sms) if comm_sms else Config()
+        ws["ccl"] = Config(comm_sms=comm_sms)
         for a, b in ws["rows"]:  # its workspaces too, so that the first call can be captured
             ctx.ccl.all_reduce_preamble(output[a:b], ws["buf"][a:b], config=ws["ccl"])
     ctx.barrier()  # every rank's flags are zero before any peer signals into them
