@@ -291,7 +291,7 @@ def test_default_variant_rules():
     """What config=None runs on GPUs, by shape and ranks (K = N = 8192, M output rows; gemm_comm.py)."""
     from iris.ops import default_variant
     K = N = 8192
-    for w, M, want in ((2, 128, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"),
+    for w, M, want in ((2, 128, "fused"), (2, 256, "fused"), (2, 512, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"),
                        (4, 8192, "ccl"), (3, 8192, "ccl")):
         assert default_variant("ar", w, M, N, M, K // w) == want, ("ar", w, M)
     for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "fused"), (4, 8192, "streamed")):
