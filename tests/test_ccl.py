@@ -212,6 +212,21 @@ def check_errors(ctx):
     return bad
 
 
+def _gave_up_at_barrier(ctx, want, look=lambda: None):
+    """The host's report of a device wait that gave up: the next ctx.barrier() (then look()) raises one
+    WaitTimeout starting with want on rank 0, naming the call, the peer and the epoch, and nothing on the
+    other ranks; returns what differs."""
+    try:
+        ctx.barrier()
+        look()
+        raised = ""
+    except iris.WaitTimeout as e:
+        raised = str(e)
+    want = want if ctx.rank == 0 else ""
+    same = raised.startswith(want) and (want == "") == (raised == "")
+    return [] if same else [f"WaitTimeout at the barrier: {raised!r}"]
+
+
 def check_spin_limit(ctx):
     """Config.spin_limit: a program whose peer never joins gives up and marks its flag row with -1 (the
     peer only builds the plan, which is collective, and does not call)."""
@@ -224,15 +239,8 @@ def check_spin_limit(ctx):
         ctx.ccl.all_reduce(out, x, config=cfg)
         if not (flags < 0).any():
             bad.append("a program whose peer never came did not mark its flags")
-    try:  # the host looks at the next barrier: one WaitTimeout naming the call, the peer and the epoch
-        ctx.barrier()
-        raised = ""
-    except iris.WaitTimeout as e:
-        raised = str(e)
-    want = ("rank 0: ctx.ccl.all_reduce (one_shot) gave up waiting for rank 1: flag row 0 (program 0, wait 1 of "
-            "the call) never reached epoch 1") if ctx.rank == 0 else ""
-    if not raised.startswith(want) or (want == "") != (raised == ""):
-        bad.append(f"WaitTimeout at the barrier: {raised!r}")
+    bad += _gave_up_at_barrier(ctx, "rank 0: ctx.ccl.all_reduce (one_shot) gave up waiting for rank 1: flag row 0 "
+                                    "(program 0, wait 1 of the call) never reached epoch 1")
     ctx.barrier()  # raised once: the next barrier passes
     ctx.ccl.free()
     return bad
@@ -258,16 +266,10 @@ def check_pipelined_gives_up(ctx):
         ctx.ccl.all_gather(out, x, config=cfg)
         if not bool((flags[2:, 0] < 0).all()) or bool((flags[:2, 0] != 0).any()):
             bad.append(("rows marked", flags[:, 0].tolist()))
-    try:
-        ctx.barrier()
-        waits.raise_gave_up(ctx.ccl)  # a context raises once (check_spin_limit may have had it): look directly
-        raised = ""
-    except iris.WaitTimeout as e:
-        raised = str(e)
-    want = ("rank 0: ctx.ccl.all_gather (pipelined) gave up waiting for rank 1: flag row 2 (program 0, wait 2 of "
-            "the call) never reached epoch 1") if ctx.rank == 0 else ""
-    if not raised.startswith(want) or (want == "") != (raised == ""):
-        bad.append(f"WaitTimeout at the barrier: {raised!r}")
+    # a context raises once (check_spin_limit may have had it): look directly after the barrier
+    bad += _gave_up_at_barrier(ctx, "rank 0: ctx.ccl.all_gather (pipelined) gave up waiting for rank 1: flag row 2 "
+                                    "(program 0, wait 2 of the call) never reached epoch 1",
+                               lambda: waits.raise_gave_up(ctx.ccl))
     ctx.barrier()
     ctx.ccl.free()
     return bad

@@ -8,12 +8,8 @@ call ahead, so peers read stale data or the call hung. The interpreter runs a pr
 so the order is checked where it matters: in the PTX compiled for sm_90 on the host (Triton ships
 ptxas; no GPU needed).
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from sm90_compile import compiled_output
 
 COMPILE = r'''
 import triton, triton.language as tl
@@ -44,11 +40,6 @@ for fn, sig, consts in cases:
 
 
 def test_every_warp_reads_the_count_before_it_is_stored(tmp_path):
-    script = tmp_path / "compile_epochs.py"
-    script.write_text(COMPILE)
-    env = dict(os.environ, TRITON_INTERPRET="0", IRIS_PLATFORM="host", IRIS_INDIRECT_PEERS="",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
-    assert got == {"epoch_kernel": ["True", "True"], "barrier_kernel": ["True", "True"]}, proc.stdout
+    out = compiled_output(tmp_path / "compile_epochs.py", COMPILE)
+    got = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
+    assert got == {"epoch_kernel": ["True", "True"], "barrier_kernel": ["True", "True"]}, out

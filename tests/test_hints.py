@@ -6,17 +6,12 @@ produced; applied to an argument of an inlined helper it is silently dropped, an
 32-bit. The kernels are compiled for sm_90 on the host (Triton ships ptxas; no GPU needed), with a tile
 start the compiler cannot prove aligned, so only the hint can make the accesses wide.
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from sm90_compile import compiled_output
 
 # One pytest-xdist worker runs this module: its module fixture compiles every case once.
 pytestmark = pytest.mark.xdist_group("test_hints")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 COMPILE = r'''
 import sys
@@ -55,14 +50,9 @@ WIDE = {"load": (True, False), "store": (False, True), "get": (True, False), "pu
 
 @pytest.fixture(scope="module")
 def counts(tmp_path_factory):
-    script = tmp_path_factory.mktemp("hints") / "compile_hints.py"
-    script.write_text(COMPILE)
-    env = dict(os.environ, TRITON_INTERPRET="0", IRIS_PLATFORM="host", IRIS_INDIRECT_PEERS="",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout = compiled_output(tmp_path_factory.mktemp("hints") / "compile_hints.py", COMPILE)
     out = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         op, hint, loads, stores = line.split()
         out[op, hint] = (int(loads) > 0, int(stores) > 0)
     return out

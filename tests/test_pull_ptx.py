@@ -5,12 +5,8 @@ flight beside the reads over the links (the reason for the pipelined form), and 
 where the sizes are multiples of 16 elements, as launches specialise them. The interpreter cannot show
 either: it runs a program as one thread.
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from sm90_compile import compiled_output
 
 COMPILE = r'''
 import re
@@ -37,14 +33,9 @@ for mode in ("ag", "a2a"):
 
 
 def test_pipelined_step_issues_every_load_before_a_store(tmp_path):
-    script = tmp_path / "compile_pipelined.py"
-    script.write_text(COMPILE)
-    env = dict(os.environ, TRITON_INTERPRET="0", IRIS_PLATFORM="host", IRIS_INDIRECT_PEERS="",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
-    assert set(got) == {"ag", "a2a"}, proc.stdout
+    out = compiled_output(tmp_path / "compile_pipelined.py", COMPILE)
+    got = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
+    assert set(got) == {"ag", "a2a"}, out
     for mode, (loads, stores, ordered) in got.items():
         # ag: inp's block and the peer's (4 + 4 128-bit loads a thread); a2a: two of inp's column blocks and
         # the peer's (4 + 4 + 4); then every store
