@@ -172,12 +172,7 @@ class CCL:
         """Builds (collectively) what reduce_scatter(out, inp) in torch's layout needs, so the first real
         call can be captured in a CUDA graph. Returns the plan. Collective: all ranks, same order, same
         sizes."""
-        w = self.ctx.world
-        if inp.dim() and inp.shape[0] % w:
-            raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
-                                  f"the {w} ranks; pad it to {round_up(inp.shape[0], w)}")
-        want = (inp.shape[0] // w,) + tuple(inp.shape[1:]) if inp.dim() else None
-        return self._plan_for("rs", out, inp, self._config(config), want, ReduceOp(op))
+        return self._plan_for("rs", out, inp, self._config(config), self._scattered(inp, self.ctx.world), ReduceOp(op))
 
     def reduce_scatter(self, out, inp, op=ReduceOp.SUM, group=None, async_op=False, config=None, workspace=None):
         """Two layouts. torch's reduce_scatter_tensor: out (M, N) on rank r = rows [r*M, (r+1)*M) of inp
@@ -210,11 +205,7 @@ class CCL:
         if w > 1 and inp.dim() == 2 and tuple(out.shape) == tuple(inp.shape):
             self._run("rst", out, inp, ranks, cfg, tuple(inp.shape), ReduceOp(op))
             return
-        want = (inp.shape[0] // w,) + tuple(inp.shape[1:]) if inp.dim() else None
-        if inp.dim() and inp.shape[0] % w:
-            raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
-                                  f"the {w} ranks; pad it to {round_up(inp.shape[0], w)}")
-        self._run("rs", out, inp, ranks, cfg, want, ReduceOp(op))
+        self._run("rs", out, inp, ranks, cfg, self._scattered(inp, w), ReduceOp(op))
 
     def all_to_all(self, out, inp, group=None, async_op=False, config=None):
         """inp and out (M, N*world): columns [r*N, (r+1)*N) of inp go to rank r, and out's columns
@@ -427,6 +418,15 @@ class CCL:
             cfg.validate(self.ctx.world)
             plan = self.plans[key] = builders.whole(self, mode, out, inp, op, cfg, src)
         return plan
+
+    @staticmethod
+    def _scattered(inp, w):
+        """reduce_scatter's out shape (torch's layout) for inp over w ranks (None for a 0-d inp, which the
+        checks refuse); raises where inp's rows do not split into w parts."""
+        if inp.dim() and inp.shape[0] % w:
+            raise CollectiveError(f"reduce_scatter: inp's first dimension {inp.shape[0]} is not a multiple of "
+                                  f"the {w} ranks; pad it to {round_up(inp.shape[0], w)}")
+        return (inp.shape[0] // w,) + tuple(inp.shape[1:]) if inp.dim() else None
 
     @staticmethod
     def _gathered(inp, w):

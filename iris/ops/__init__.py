@@ -276,10 +276,7 @@ class OpsNamespace:
         ctx, op = self._ctx, ws["op"]
         ctx.ccl.order.enter()  # one device order with every collective of the context (iris/ccl/order.py)
         if op in ("streamed", "ccl"):  # matmul_all_gather's bias goes into its rows before they are sent
-            if op == "streamed":
-                _st.run(ctx, output, A, B, ws, bias if kind == "mag" else None)
-            else:
-                _un.run(ctx, kind, output, A, B, ws, bias if kind == "mag" else None)
+            (_st if op == "streamed" else _un).run(ctx, output, A, B, ws, bias if kind == "mag" else None)
             if kind == "mag":
                 return ws
         elif op in ("ar_tile_api", "rs_tile_api"):

@@ -17,7 +17,7 @@ def preamble(ctx, kind: str, output, A, B) -> dict:
     workspace, so that the first call can be captured. Collective: all ranks, same order, same sizes."""
     rows, cols = (ctx.world * A.shape[0], A.shape[1]) if kind == "ag" else (A.shape[0], B.shape[1])
     buf = ctx.empty(rows, cols, dtype=A.dtype)
-    ws = {"buf": buf}
+    ws = {"buf": buf, "kind": kind}
     _collective(ctx, kind, output, A, buf, preamble=True)
     return ws
 
@@ -35,10 +35,10 @@ def _collective(ctx, kind, output, A, buf, preamble=False):
         (ccl.all_reduce_preamble if preamble else ccl.all_reduce)(output, buf)
 
 
-def run(ctx, kind: str, output, A, B, ws, bias=None) -> torch.Tensor:
-    """The GEMM, then the collective, on the current stream; matmul_all_gather's bias goes into this
-    rank's rows before they are gathered."""
-    buf = ws["buf"]
+def run(ctx, output, A, B, ws, bias=None) -> torch.Tensor:
+    """The GEMM, then the collective, on the current stream (streamed.run's signature); matmul_all_gather's
+    bias goes into this rank's rows before they are gathered."""
+    buf, kind = ws["buf"], ws["kind"]
     if kind == "ag":
         _collective(ctx, kind, output, A, buf)
         torch.matmul(buf, B, out=output)
