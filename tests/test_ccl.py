@@ -526,3 +526,65 @@ def test_calls_from_two_streams_gpu(world):
     out = iris.spawn(rank_two_streams, world, args=(200,))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of {world}: {bad[:10]}"
+
+
+def rank_captures(replays):
+    """Graphs captured on streams of their own between eager calls from two others (iris/ccl/order.py):
+    a capture takes no wait on another capture's stream (that invalidated the second capture), two calls
+    of one capture from two of its streams wait inside it, the eager chain runs on through the captures,
+    and every result and replay is checked."""
+    ctx = iris.iris(heap_size=1 << 30)
+    r, w, dev, ccl, order = ctx.rank, ctx.world, ctx.device, ctx.ccl, ctx.ccl.order
+    main, (s0, s1, s2, s3) = torch.cuda.current_stream(), [torch.cuda.Stream() for _ in range(4)]
+    n, bad = 4097 * 33, []
+    x, y = torch.empty(n, device=dev), _data((n,), torch.float32, r, 99, dev)
+    outs = [_poisoned((n,), torch.float32, dev) for _ in range(6)]
+    for out in outs:
+        ccl.all_reduce_preamble(out, x)
+    for s in (s0, s1, s2, s3):
+        s.wait_stream(main)
+    with torch.cuda.stream(s0):  # the eager chain: s0, then the captures, then s1
+        ccl.all_reduce(outs[4], y)
+    graphs = [torch.cuda.CUDAGraph() for _ in range(3)]
+    for g, s, out in zip(graphs, (s2, s3), outs):
+        with torch.cuda.graph(g, stream=s):
+            ccl.all_reduce(out, x)
+    before = order.switches
+    with torch.cuda.graph(graphs[2], stream=s2):
+        s3.wait_stream(s2)  # s3 joins the capture before either call: only the order puts them in sequence
+        ccl.all_reduce(outs[2], x)
+        with torch.cuda.stream(s3):
+            ccl.all_reduce(outs[3], outs[2])
+        s2.wait_stream(s3)
+    if order.switches != before + 1:
+        bad.append(("waits inside the two-stream capture", order.switches - before))
+    with torch.cuda.stream(s1):
+        ccl.all_reduce(outs[5], outs[4])
+    if order.switches != before + 2:
+        bad.append(("the eager call after the captures waited for the one before", order.switches - before - 1))
+    main.wait_stream(s1)
+    want = _reduce([_data((n,), torch.float32, q, 99, dev) for q in range(w)], ReduceOp.SUM)
+    if not _same(outs[4], want) or not _same(outs[5], _reduce([want] * w, ReduceOp.SUM)):
+        bad.append(("eager results around the captures",))
+    for rep in range(replays):
+        xs = [_data((n,), torch.float32, q, rep, dev) for q in range(w)]
+        x.copy_(xs[r])
+        for out in outs[:4]:
+            out.fill_(POISON)
+        for g in graphs:
+            g.replay()
+        want = _reduce(xs, ReduceOp.SUM)
+        got = [_same(outs[0], want), _same(outs[1], want), _same(outs[2], want),
+               _same(outs[3], _reduce([want] * w, ReduceOp.SUM))]
+        if not all(got):
+            bad.append(("replay", rep, got))
+    ctx.close()
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_captures_between_streams_gpu(world):
+    out = iris.spawn(rank_captures, world, args=(50,))
+    for r, bad in enumerate(out):
+        assert not bad, f"rank {r} of {world}: {bad[:10]}"

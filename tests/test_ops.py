@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import iris
-from iris.ops import FusedConfig, matmul
+from iris.ops import OP_NAMES, FusedConfig, matmul
 from iris.ops.owned_tiles import owned_range
 
 TINY = FusedConfig(block_size_m=16, block_size_n=16, block_size_k=16)
@@ -210,8 +210,9 @@ def test_matmul_world_one_transposed_and_odd():
 
 def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     """The same tensors called again and again with new data: from the third call on, ops replay a
-    captured graph (iris/ccl/launch.py; the streamed variant's whole sequence, iris/ops/streamed.py),
-    which must read the new data and advance its epochs."""
+    captured graph (iris/ccl/launch.py; the streamed and ccl variants' whole sequence, iris/ops/streamed.py),
+    which must read the new data and advance its epochs. Then the caller captures the same calls in a graph
+    of its own, on another stream than the ops' captures (iris/ccl/order.py), and replays it."""
     ctx = iris.iris(heap_size=1 << 28)
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
     m, k = M // w, K // w
@@ -220,27 +221,41 @@ def rank_ops_repeat(dtype, M, N, K, reps, config=None):
     outs = {"ag": torch.empty(w * m, N, dtype=dtype, device=dev), "ar": torch.empty(M, N, dtype=dtype, device=dev),
             "rs": torch.empty(m, N, dtype=dtype, device=dev), "mag": ctx.empty((w * m, N), dtype=dtype)}
     bias = torch.empty(m, dtype=dtype, device=dev)  # matmul_all_gather's, this rank's rows
-    errors = []
-    for rep in range(reps):
+
+    def load(rep):
+        """New inputs of repetition rep in place, NaN in the outputs; returns what each output must hold."""
         ins = _inputs(w, [(m, K), (m,)], dtype, 100 + rep)
         Bg = torch.randn(K, N, generator=torch.Generator().manual_seed(200 + rep)).to(dtype)
         a_rows.copy_(ins[r][0]), b_full.copy_(Bg), bias.copy_(ins[r][1])
-        for o in outs.values():
-            o.fill_(float("nan"))
-        ctx.ops.all_gather_matmul(outs["ag"], a_rows, b_full, config=config)
-        ctx.ops.matmul_all_gather(outs["mag"], a_rows, b_full, bias=bias)
-        want = torch.cat([x[0].float() for x in ins]) @ Bg.float()
-        errors.append(_close(f"all_gather_matmul rep {rep}", outs["ag"], want, dtype))
-        want += torch.cat([x[1].float() for x in ins])[:, None]
-        errors.append(_close(f"matmul_all_gather (bias) rep {rep}", outs["mag"], want, dtype))
+        ag = torch.cat([x[0].float() for x in ins]) @ Bg.float()
+        mag = ag + torch.cat([x[1].float() for x in ins])[:, None]
         ins = _inputs(w, [(M, k), (k, N)], dtype, 300 + rep)
         a_cols.copy_(ins[r][0]), b_rows.copy_(ins[r][1])
+        parts = [x[0].float() @ x[1].float() for x in ins]
+        ar, scale = sum(p.to(dtype).float() for p in parts), w * max(p.abs().max().item() for p in parts)
+        for o in outs.values():
+            o.fill_(float("nan"))
+        return {"ag": (ag, 0.0), "mag": (mag, 0.0), "ar": (ar, scale), "rs": (ar[r * m:(r + 1) * m], scale)}
+
+    def call():
+        ctx.ops.all_gather_matmul(outs["ag"], a_rows, b_full, config=config)
+        ctx.ops.matmul_all_gather(outs["mag"], a_rows, b_full, bias=bias)
         ctx.ops.matmul_all_reduce(outs["ar"], a_cols, b_rows, config=config)
         ctx.ops.matmul_reduce_scatter(outs["rs"], a_cols, b_rows, config=config)
-        parts = [x[0].float() @ x[1].float() for x in ins]
-        want, scale = sum(p.to(dtype).float() for p in parts), w * max(p.abs().max().item() for p in parts)
-        errors.append(_close(f"matmul_all_reduce rep {rep}", outs["ar"], want, dtype, scale))
-        errors.append(_close(f"matmul_reduce_scatter rep {rep}", outs["rs"], want[r * m:(r + 1) * m], dtype, scale))
+
+    errors, graph = [], None
+    for rep in range(reps + 2):
+        wants = load(rep)
+        if rep < reps:
+            call()
+        else:  # the caller's own graph, captured once and replayed with new data
+            if graph is None:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    call()
+            graph.replay()
+        for op, (want, scale) in wants.items():
+            errors.append(_close(f"{OP_NAMES[op]} rep {rep}", outs[op], want, dtype, scale))
     ctx.barrier()
     ctx.close()
     return [e for e in errors if e]

@@ -75,7 +75,7 @@ class CCL:
         else:
             self.sms = 4
         self._default = Config(comm_sms=self.sms)
-        self.order = StreamOrder(ctx.device)  # every call in one device order (iris/ccl/order.py)
+        self.order = StreamOrder(ctx.device, ctx.driver.capture_id)  # one device order (iris/ccl/order.py)
         self.gave_up = None  # the WaitTimeout raised once, if a device wait gave up
 
     # -- public calls ------------------------------------------------------

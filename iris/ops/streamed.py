@@ -289,38 +289,50 @@ def _sequence(ctx, output, A, B, ws, bias=None) -> None:
 
 
 def run(ctx, output, A, B, ws, bias=None) -> torch.Tensor:
-    """The sequence on the current stream; an eager call with the tensors of the last CAPTURE_AFTER
-    calls replays a graph of it. No host synchronization, except once when capturing."""
+    """The sequence on the current stream, replayed from a graph once the same tensors come back
+    (replayed). No host synchronization, except once when capturing."""
     if output.numel() == 0:
         return output
-    if ws["tx"] is None or interpreted() or torch.cuda.is_current_stream_capturing() or "no_graph" in ws:
+    if ws["tx"] is None:  # the host: no streams
         _sequence(ctx, output, A, B, ws, bias)
-        return output
-    key = tuple((t.data_ptr(), t.stride()) for t in (A, B, output) + (() if bias is None else (bias,)))
+    else:
+        replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
+    return output
+
+
+def replayed(ws, tensors, sequence) -> None:
+    """sequence() on the current stream; an eager call with the tensors of the last CAPTURE_AFTER calls
+    (addresses and strides; None entries skipped) replays a CUDA graph of it, so that its launches cost
+    one. Under the caller's own capture, on the host or the interpreter, it runs as it is; where capture
+    fails, it runs as it is from then on and ws["no_graph"] says why."""
+    if interpreted() or torch.cuda.is_current_stream_capturing() or "no_graph" in ws \
+            or tensors[0].device.type != "cuda":
+        sequence()
+        return
+    key = tuple((t.data_ptr(), t.stride()) for t in tensors if t is not None)
     g = ws.get("graph")
     if g is not None and g[0] == key:
         g[1].replay()
-        return output
+        return
     seen = ws.get("seen")
     n = seen[1] + 1 if seen is not None and seen[0] == key else 1
     if n <= CAPTURE_AFTER:
         ws["seen"] = (key, n)
-        _sequence(ctx, output, A, B, ws, bias)
-        return output
+        sequence()
+        return
     ws.pop("seen", None)
     ws.pop("graph", None)
     graph = torch.cuda.CUDAGraph()
     main = torch.cuda.current_stream()
-    s = torch.cuda.Stream(A.device)
+    s = torch.cuda.Stream(tensors[0].device)
     s.wait_stream(main)
     try:
         with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
-            _sequence(ctx, output, A, B, ws, bias)
+            sequence()
     except Exception as e:  # noqa: BLE001 - nothing captured ran: launch directly from now on, and say why
         ws["no_graph"] = f"{type(e).__name__}: {e}"
-        _sequence(ctx, output, A, B, ws, bias)
-        return output
+        sequence()
+        return
     main.wait_stream(s)
     graph.replay()
-    ws["graph"] = (key, graph, (A, B, output, bias))  # keeps the captured tensors alive
-    return output
+    ws["graph"] = (key, graph, tensors)  # keeps the captured tensors alive

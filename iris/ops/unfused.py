@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .streamed import replayed
+
 
 def preamble(ctx, kind: str, output, A, B) -> dict:
     """The heap buffer of one op ("ag", "mag", "rs", "ar") at these shapes, and its collective's
@@ -36,16 +38,21 @@ def _collective(ctx, kind, output, A, buf, preamble=False):
 
 
 def run(ctx, output, A, B, ws, bias=None) -> torch.Tensor:
-    """The GEMM, then the collective, on the current stream (streamed.run's signature); matmul_all_gather's
-    bias goes into this rank's rows before they are gathered."""
-    buf, kind = ws["buf"], ws["kind"]
+    """The GEMM, then the collective, on the current stream (streamed.run's signature); eager calls with
+    the same tensors replay a graph of both (streamed.replayed). matmul_all_gather's bias goes into this
+    rank's rows before they are gathered."""
+    if output.numel():
+        replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, ws["kind"], output, A, B, ws["buf"], bias))
+    return output
+
+
+def _sequence(ctx, kind, output, A, B, buf, bias) -> None:
     if kind == "ag":
         _collective(ctx, kind, output, A, buf)
         torch.matmul(buf, B, out=output)
-        return output
+        return
     if bias is not None:
         torch.addmm(bias[:, None].to(buf.dtype), A, B, out=buf)
     else:
         torch.matmul(A, B, out=buf)
     _collective(ctx, kind, output, A, buf)
-    return output

@@ -51,6 +51,7 @@ def access_descs(devices: Sequence[int]) -> List["cu.CUmemAccessDesc"]:
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 _WRITE64, _BATCH = cu.cuStreamWriteValue64, cu.cuStreamBatchMemOp  # a free's and a reuse's calls, looked up once
 _WAIT_OP = cu.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_64
+_ACTIVE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 _MAX_BATCH = 256  # operations one cuStreamBatchMemOp takes
 
 
@@ -243,3 +244,8 @@ class CudaDriver:
         mode (torch's default); its own work stays uncaptured, on streams of its own."""
         _check("cuThreadExchangeStreamCaptureMode",
                cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+
+    def capture_id(self, stream: int) -> int:
+        """The id of the graph capture the stream is part of now (unique in the process), 0 if none."""
+        status, ident = _check("cuStreamGetCaptureInfo", cu.cuStreamGetCaptureInfo(stream))[:2]
+        return int(ident) if status == _ACTIVE else 0

@@ -57,3 +57,4 @@ class Driver(Protocol):
     # a function (stream, value) holding the stream's later work until every *address >= value (GPUs)
     def stream_waiter(self, addresses: Sequence[int]) -> Any: ...
     def relax_capture(self) -> None: ...  # this thread may call the driver while another captures a graph
+    def capture_id(self, stream: int) -> int: ...  # the graph capture the raw stream is part of now, 0 if none

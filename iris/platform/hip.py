@@ -192,3 +192,8 @@ class HipDriver:
         """Let the calling thread use the runtime while another thread captures a graph in global mode."""
         _check("hipThreadExchangeStreamCaptureMode",
                hip.hipThreadExchangeStreamCaptureMode(hip.hipStreamCaptureMode.hipStreamCaptureModeRelaxed))
+
+    def capture_id(self, stream: int) -> int:
+        """The id of the graph capture the stream is part of now (unique in the process), 0 if none."""
+        status, ident = _check("hipStreamGetCaptureInfo", hip.hipStreamGetCaptureInfo(stream))
+        return int(ident) if status == hip.hipStreamCaptureStatus.hipStreamCaptureStatusActive else 0

@@ -178,3 +178,7 @@ class HostDriver:
 
     def relax_capture(self) -> None:
         """Nothing to relax: the host captures no graphs."""
+
+    def capture_id(self, stream: int) -> int:
+        """No stream is ever captured on the host."""
+        return 0
