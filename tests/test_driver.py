@@ -105,9 +105,30 @@ def rank_conformance(platform):
     with pytest.raises(DriverError) as err:
         d.unmap(0, g)
     report["error_names_call"] = err.value.call in str(err.value) and bool(err.value.call)
+    report["capture_ids"] = _capture_ids(d, dev)
     group.barrier("done")
     group.close()
     return report
+
+
+def _capture_ids(d, dev):
+    """capture_id of two streams outside capture, both inside one capture, and one inside the next."""
+    if dev.type == "cpu":
+        return [d.capture_id(0)] * 5
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    ids = [d.capture_id(a.cuda_stream), d.capture_id(b.cuda_stream)]
+    x = torch.zeros(4, device=dev)
+    for g, fork in ((torch.cuda.CUDAGraph(), True), (torch.cuda.CUDAGraph(), False)):
+        with torch.cuda.graph(g, stream=a):
+            x.add_(1)
+            ids.append(d.capture_id(a.cuda_stream))
+            if fork:
+                b.wait_stream(a)
+                with torch.cuda.stream(b):
+                    x.add_(1)
+                ids.append(d.capture_id(b.cuda_stream))
+                a.wait_stream(b)
+    return ids
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -122,6 +143,11 @@ def test_driver_conformance(platform):
     assert owner["ipc_write_seen"], "the owner did not see the write through ipc_open"
     assert owner["plain_retain"] is None, "retain of non-VMM memory must say None"
     assert owner["error_names_call"] and peer["error_names_call"]
+    ids = owner["capture_ids"]
+    if platform == "host":
+        assert ids == [0] * 5, ids
+    else:  # none outside capture; one id for both streams of a capture; another for the next capture
+        assert ids[:2] == [0, 0] and ids[2] == ids[3] != 0 and ids[4] not in (0, ids[2]), ids
     if platform != "host":
         assert owner["granularity"] >= 1 << 16
 
