@@ -306,12 +306,13 @@ def test_default_variant_rules():
     """What config=None runs on GPUs, by shape and ranks (K = N = 8192, M output rows; gemm_comm.py)."""
     from iris.ops import default_variant
     K = N = 8192
-    for w, M, want in ((2, 128, "fused"), (2, 256, "fused"), (2, 512, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"),
-                       (4, 8192, "ccl"), (3, 8192, "ccl")):
+    for w, M, want in ((2, 128, "ccl"), (2, 256, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"),
+                       (4, 128, "ccl"), (3, 8192, "ccl")):
         assert default_variant("ar", w, M, N, M, K // w) == want, ("ar", w, M)
     for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "fused"), (4, 8192, "streamed")):
         assert default_variant("rs", w, M // w, N, M, K // w) == want, ("rs", w, M)
     for w, M, want in ((2, 512, "fused"), (2, 1024, "streamed"), (4, 2048, "fused"), (4, 4096, "streamed")):
         assert default_variant("mag", w, M, N, M // w, K) == want, ("mag", w, M)
-    for w, M, want in ((2, 2048, "streamed"), (2, 4096, "fused")):
+    for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (2, 2048, "streamed"), (2, 4096, "fused"),
+                       (4, 512, "streamed")):
         assert default_variant("ag", w, M, N, M // w, K) == want, ("ag", w, M)

@@ -22,9 +22,9 @@ ctx.ccl's collective (unfused.py). With config=None iris
 picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
 matmul_all_gather from STREAMED_MIN_ROWS rows, for a row-layout matmul_reduce_scatter from
 STREAMED_MIN_MACS (both times (world / 2)^2 beyond 2 ranks; below, matmul_reduce_scatter is "ccl"
-on 2 ranks) and for all_gather_matmul below AG_STREAMED_MAX_MACS, fused otherwise, and always on
-the host; matmul_all_reduce is "ccl" except on 2 ranks from AR_STREAMED_MIN_ROWS rows (streamed)
-and below AR_CCL_MIN_ROWS (fused).
+on 2 ranks) and for all_gather_matmul below AG_STREAMED_MAX_MACS (on 2 ranks "ccl" below
+AG_CCL_MAX_MACS), fused otherwise, and always on the host; matmul_all_reduce is "ccl" except on 2
+ranks from AR_STREAMED_MIN_ROWS rows (streamed).
 """
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ from .workspace import FusedWorkspace
 # where "streamed" and "ccl" are chosen, and the chunks: benchmarks/gemm_comm.py (results/gemm_comm-fused-gpu-*.json)
 STREAMED_MIN_ROWS = 1024  # matmul_all_gather: output rows from which streamed is the default
 AR_STREAMED_MIN_ROWS = 2048  # matmul_all_reduce, 2 ranks: streamed from these rows, "ccl" below and beyond 2 ranks
-AR_CCL_MIN_ROWS = 512  # matmul_all_reduce, 2 ranks: fused below (the "ccl" pair of launches costs more eager)
 STREAMED_MIN_MACS = 1 << 35  # matmul_reduce_scatter (row layout): multiply-adds from which streamed is
 AG_STREAMED_MAX_MACS = 1 << 38  # all_gather_matmul: streamed below these multiply-adds, the fused kernel from them
+AG_CCL_MAX_MACS = 1 << 36  # all_gather_matmul, 2 ranks: "ccl" below these multiply-adds
 CHUNK_ROWS = 512  # streamed: chunks per owner's rows of about this many, 2 to 4 (one chunk cannot overlap)
 
 
@@ -79,14 +79,13 @@ def default_variant(kind: str, world: int, rows: int, cols: int, a_rows: int, in
     rows x cols and A of a_rows x inner on each of world ranks (module docstring; docs/performance.md)."""
     grow = (world / 2) ** 2  # from 3 ranks on, the communication's share grows: larger shapes before streaming
     if kind == "ar":  # the matmul then ctx.ccl.all_reduce led the overlapped forms at 4 ranks, and below 2048 rows at 2
-        if world == 2:
-            return "streamed" if rows >= AR_STREAMED_MIN_ROWS else "ccl" if rows >= AR_CCL_MIN_ROWS else "fused"
-        return "ccl"
+        return "streamed" if world == 2 and rows >= AR_STREAMED_MIN_ROWS else "ccl"
     if kind == "mag":
         return "streamed" if rows >= STREAMED_MIN_ROWS * grow else "fused"
     if kind == "rs":  # below streamed's sizes "ccl" led the fused kernel at 2 ranks (not timed beyond)
         return "streamed" if a_rows * cols * inner >= STREAMED_MIN_MACS * grow else "ccl" if world == 2 else "fused"
-    return "streamed" if rows * cols * inner < AG_STREAMED_MAX_MACS else "fused"
+    macs = rows * cols * inner
+    return "ccl" if world == 2 and macs < AG_CCL_MAX_MACS else "streamed" if macs < AG_STREAMED_MAX_MACS else "fused"
 
 
 def _check_bias(name, bias, output):
