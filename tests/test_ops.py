@@ -316,3 +316,7 @@ def test_default_variant_rules():
     for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (2, 2048, "streamed"), (2, 4096, "fused"),
                        (4, 512, "streamed")):
         assert default_variant("ag", w, M, N, M // w, K) == want, ("ag", w, M)
+    from iris.ops import streamed_chunks
+    for kind, owner, want in (("rs", 1024, 2), ("rs", 2048, 2), ("rs", 4096, 4), ("ar", 1024, 2), ("ar", 2048, 4),
+                              ("mag", 1024, 2), ("mag", 4096, 4), ("ag", 4096, 1)):
+        assert streamed_chunks(kind, owner) == want, (kind, owner)

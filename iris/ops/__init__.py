@@ -55,11 +55,12 @@ STREAMED_MIN_MACS = 1 << 35  # matmul_reduce_scatter (row layout): multiply-adds
 AG_STREAMED_MAX_MACS = 1 << 38  # all_gather_matmul: streamed below these multiply-adds, the fused kernel from them
 AG_CCL_MAX_MACS = 1 << 36  # all_gather_matmul, 2 ranks: "ccl" below these multiply-adds
 CHUNK_ROWS = 512  # streamed: chunks per owner's rows of about this many, 2 to 4 (one chunk cannot overlap)
+RS_CHUNK_ROWS = 1024  # matmul_reduce_scatter's (2 chunks led 4 at 2048 rows an owner)
 
 
 def streamed_chunks(kind: str, owner_rows: int) -> int:
     """The default chunks of a streamed op whose ranks each own owner_rows rows of the output."""
-    return 1 if kind == "ag" else min(4, max(2, owner_rows // CHUNK_ROWS))
+    return 1 if kind == "ag" else min(4, max(2, owner_rows // (RS_CHUNK_ROWS if kind == "rs" else CHUNK_ROWS)))
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
 # matmul_all_reduce's variants that only the tile-API kernel runs (Iris's atomic and spinlock add each tile
 # into every rank's zeroed output; ring reduces the published partials around the ring)
