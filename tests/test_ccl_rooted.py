@@ -272,6 +272,10 @@ def check_mailbox_released(ctx):
     return [] if released >= w * 4096 * 4 else [("mailbox kept after every rank dropped it", released)]
 
 
+def _rooted_reduces(ctx):
+    return {k for k in ctx.ccl.plans if isinstance(k, tuple) and k[:2] == ("rooted", "reduce")}
+
+
 def check_split_reduce(ctx, cfg, dtypes):
     """The whole-job reduce as a reduce_scatter then a gather (GPUs take it from SPLIT_REDUCE bytes over 3
     or more ranks) at every size here: every root, every reduction, out of place and in place, back to
@@ -279,6 +283,7 @@ def check_split_reduce(ctx, cfg, dtypes):
     from iris.ccl import rooted
     keep, rooted.SPLIT_REDUCE = rooted.SPLIT_REDUCE, 0
     r, w, dev, bad = ctx.rank, ctx.world, ctx.device, []
+    before = _rooted_reduces(ctx)
     try:
         for rep in range(2 * w):
             root, op, dtype = rep % w, OPS[rep % 3], dtypes[rep % len(dtypes)]
@@ -295,6 +300,8 @@ def check_split_reduce(ctx, cfg, dtypes):
                 bad.append(("split reduce in place", root, op.value, str(dtype)))
         if w > 2 and not any(getattr(p, "variant", "") == "reduce_scatter_gather" for p in ctx.ccl.plans.values()):
             bad.append("the split reduce did not run")
+        if w > 2 and _rooted_reduces(ctx) != before:
+            bad.append("a rooted reduce plan was built beside the split one")
         if w > 2:  # a rank that never makes the call: rank 0's waits give up and its next barrier says so
             spin = Config(block_size=16, comm_sms=1, spin_limit=20)
             x, out = ctx.full((4 * w,), 1.0), _poisoned((4 * w,), torch.float32, dev)

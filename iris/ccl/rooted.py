@@ -42,11 +42,14 @@ def reduce(ccl, out, inp, dst, op, group, config, launch=True):
         raise CollectiveError(f"reduce: op must be one of {[o.value for o in ReduceOp]} (or None: sum), "
                               f"got {op!r}") from None
     inp = out if inp is None else inp
-    plan = _rooted(ccl, "reduce", out, inp, dst, "dst", group, config, op, launch=False)  # checks, then plans
     w = ccl.ctx.world
-    if (w > 2 and not ccl.puts and inp.is_contiguous() and inp.numel() % w == 0
-            and inp.numel() * inp.element_size() >= SPLIT_REDUCE and ccl.groups.ranks(group, "reduce") == tuple(range(w))):
-        plan = _split(ccl, out, inp, dst, op, config)
+
+    def split(ranks):  # after the checks: the whole job's large reduce runs split, and no rooted plan is built
+        if (w > 2 and not ccl.puts and inp.is_contiguous() and inp.numel() % w == 0
+                and inp.numel() * inp.element_size() >= SPLIT_REDUCE and ranks == tuple(range(w))):
+            return _split(ccl, out, inp, dst, op, config)
+        return None
+    plan = _rooted(ccl, "reduce", out, inp, dst, "dst", group, config, op, launch=False, instead=split)
     if launch:
         plan(inp, out)
     return plan
@@ -90,8 +93,9 @@ def gather(ccl, out, inp, dst, group, config) -> None:
     _rooted(ccl, "gather", out, inp, dst, "dst", group, config, ReduceOp.SUM)
 
 
-def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True):
-    """Checks, finds or builds the plan, and (launch) runs it; returns the plan."""
+def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True, instead=None):
+    """Checks, finds or builds the plan (instead(ranks)'s where it gives one), and (launch) runs it;
+    returns the plan."""
     for name, t in (("out", out), ("inp", inp)):
         tensor(mode, name, t, ccl.ctx.device)
         nonempty(mode, name, t)
@@ -115,7 +119,10 @@ def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True):
                     "scatter": f"in place, out must be inp's chunk of this rank's position {me}",
                     "gather": "the root reads inp at the same heap offset on every rank, and inp inside out sits "
                               "at another offset on each; pass a separate heap inp"}[mode])
-    if plan is None:
+    other = None if instead is None else instead(ranks)
+    if other is not None:
+        plan = other
+    elif plan is None:
         plan = ccl.plans[key] = (puts.plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
                                  _plan(ccl, mode, out, inp, ranks, root, op, knob))
     if launch:
