@@ -272,16 +272,17 @@ def _sequence(ctx, output, A, B, ws, bias=None) -> None:
     def chunk(idx, peer, sig, wt):
         ws["chunk"](flags, ctl, hb, r, w, C, idx, peer, sig, wt)
 
-    if main is not None:  # both side streams join here (a capture must see every stream it joins back)
-        ws["tx"].wait_stream(main)
-    if ws["kind"] == "mag":  # only the copies into the peers wait for them: the GEMM starts at once
-        with _on(ws["tx"]):
+    # both side streams join main here, behind the start kernel (a capture must see every stream it joins back)
+    if ws["kind"] == "mag":  # only the copies into the peers wait for it: the GEMM starts at once
+        with _on(ws["tx"], main):
             ws["start"](ctl, hb, r, w)
+        if main is not None:
+            ws["rx"].wait_stream(ws["tx"])
     else:
         ws["start"](ctl, hb, r, w)
-    if main is not None:
-        ws["rx"].wait_stream(ws["tx"] if ws["kind"] == "mag" else main)
-        ws["tx"].wait_stream(main)
+        if main is not None:
+            ws["rx"].wait_stream(main)
+            ws["tx"].wait_stream(main)
     _SEQUENCES[ws["kind"]](ctx, ws, output, A, B, chunk, r, w, main, *(() if bias is None else (bias,)))
     if main is not None:
         main.wait_stream(ws["tx"])
