@@ -302,6 +302,86 @@ def test_fused_ops_gpu_repeated_calls_replay(variant):
         assert not errs, f"rank {r}: {errs}"
 
 
+def rank_signatures():
+    """Each call signature (shapes, dtypes, devices, the config's values) is checked once, at its first
+    call; what it does not tell (the bias, a heap output, a workspace passed back, the context open) is
+    checked at every call, and raises before anything is allocated."""
+    ctx = iris.iris(heap_size=1 << 24)
+    w, dev, dt = ctx.get_num_ranks(), ctx.get_device(), torch.float16
+    ops, errors, checked = ctx.ops, [], []
+    kind = ops._kind
+    ops._kind = lambda *a: checked.append(a[0]) or kind(*a)
+    cfg = FusedConfig(variant="ccl")
+    A, B, out = torch.randn(16, 8, device=dev).to(dt), torch.randn(8, 16, device=dev).to(dt), torch.empty(
+        16, 16, dtype=dt, device=dev)
+    for _ in range(3):  # other strides, the same signature
+        for a in (A, A.t().contiguous().t()):
+            ws = ops.matmul_all_reduce(out, a, B, config=cfg)
+    if checked != ["ar"] or len(ops._calls) != 1:
+        errors.append(f"6 calls of one signature checked {checked} and keep {len(ops._calls)} signatures")
+    tiles = FusedConfig(block_size_m=16, block_size_n=16, block_size_k=16)
+    first = ops.matmul_all_reduce(out, A, B, config=tiles)
+    tiles.block_size_m = 32  # the same object, another value: another workspace
+    if ops.matmul_all_reduce(out, A, B, config=tiles)["tiles"].bm != 32 or first["tiles"].bm != 16:
+        errors.append("a FusedConfig changed after a call kept the workspace of its old values")
+    Am, Bm, heap_out = torch.randn(8, 8, device=dev).to(dt), torch.randn(8, 16, device=dev).to(dt), ctx.empty(
+        (8 * w, 16), dtype=dt)
+    ops.matmul_all_gather(heap_out, Am, Bm, bias=torch.zeros(8, device=dev), config=cfg)
+    other = ops.matmul_all_reduce_preamble(torch.empty(16, 8, dtype=dt, device=dev), A, B[:, :8])
+    small = FusedConfig(block_size_m=16, block_size_n=16, block_size_k=16, all_reduce_variant="one_shot")
+    A2, B2, C2 = torch.randn(40, 16, device=dev).to(dt), torch.randn(16, 40, device=dev).to(dt), torch.empty(
+        40, 40, dtype=dt, device=dev)  # 4 tiles of 32, 9 of 16
+    big_ws = ops.matmul_all_reduce_preamble(C2, A2, B2, config=dataclasses.replace(small, block_size_m=32,
+                                                                                     block_size_n=32))
+    ops.matmul_all_reduce_preamble(C2, A2, B2, config=small)  # the signature known, before the call below
+    live, calls = set(ctx.heap.alloc.offsets.live), len(ops._calls)
+    bad = FusedConfig(variant="ccl")
+
+    def bad_field(value):
+        bad.block_size_m = value
+        return ops.matmul_all_reduce(out, A, B, config=bad)
+
+    cases = [
+        ("bias must be a 1-D tensor of the output's 16 rows",
+         lambda: ops.matmul_all_reduce(out, A, B, bias=torch.zeros(15, device=dev), config=cfg)),
+        ("bias must be a 1-D float tensor of A_local's 8 rows",
+         lambda: ops.matmul_all_gather(heap_out, Am, Bm, bias=torch.zeros(9, device=dev), config=cfg)),
+        ("heap tensor", lambda: ops.matmul_all_gather(torch.empty(8 * w, 16, dtype=dt, device=dev), Am, Bm,
+                                                      config=cfg)),
+        ("workspace was built for", lambda: ops.matmul_all_reduce(out, A, B, config=cfg, workspace=other)),
+        ("Lock array too small: have 4 but need 9",
+         lambda: ops.matmul_all_reduce(C2, A2, B2, config=small, workspace=big_ws)),
+        ("FusedConfig.block_size_m must be a power of two", lambda: bad_field(24)),
+        ("FusedConfig.block_size_m must be a power of two", lambda: bad_field([64])),  # unhashable: still named
+    ]
+    for want, fn in cases:
+        try:
+            fn()
+            errors.append(f"no error where {want!r} was expected")
+        except (ValueError, TypeError) as e:
+            if want not in str(e):
+                errors.append(f"expected {want!r} in {str(e)!r}")
+    if set(ctx.heap.alloc.offsets.live) != live or len(ops._calls) != calls:
+        errors.append("a rejected call allocated on the heap or kept its signature")
+    ctx.barrier()
+    ctx.close()
+    for how, fn in (("a known signature", lambda: ops.matmul_all_reduce(out, A, B, config=cfg)),
+                    ("its workspace", lambda: ops.matmul_all_reduce(out, A, B, config=cfg, workspace=ws)),
+                    ("ctx.ops", lambda: ctx.ops.matmul_all_reduce(out, A, B, config=cfg))):
+        try:
+            fn()
+            errors.append(f"a call with {how} after close did not raise")
+        except iris.ContextClosed:
+            pass
+    return errors
+
+
+def test_call_signature_checked_once():
+    out = iris.spawn(rank_signatures, 2)
+    for r, errs in enumerate(out):
+        assert not errs, f"rank {r}: {errs}"
+
+
 def test_default_variant_rules():
     """What config=None runs on GPUs, by shape and ranks (K = N = 8192, M output rows; gemm_comm.py)."""
     from iris.ops import default_variant

@@ -45,7 +45,7 @@ from ..errors import CollectiveError, IndirectPeerError
 from .config import FusedConfig
 # Iris's module path iris.ops.matmul_reduce_scatter; bound after the submodule loads, so the name is the function
 from .matmul_reduce_scatter import matmul_reduce_scatter, matmul_reduce_scatter_preamble
-from .gemm import interpreted, matmul, tiles_for
+from .gemm import check_operands, interpreted, matmul, tiles_for
 from .workspace import FusedWorkspace
 
 # where "streamed" and "ccl" are chosen, and the chunks: benchmarks/gemm_comm.py (results/gemm_comm-fused-gpu-*.json)
@@ -110,15 +110,39 @@ def _shaped(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 class OpsNamespace:
-    """ctx.ops: the fused ops bound to one Iris context, with their workspaces."""
+    """ctx.ops: the fused ops bound to one Iris context, with their workspaces.
+
+    A call's checks depend on its signature (_signature) and the context alone, so each signature is
+    checked at its first call, before anything is allocated, and later calls find its workspace by one
+    lookup. What no signature tells (the bias, a heap output, a workspace passed back) is checked at
+    every call."""
 
     def __init__(self, ctx):
         self._ctx = ctx
         self._workspaces = {}
+        self._calls = {}  # signature -> the workspace of its calls, every check of it made
 
     def forget(self) -> None:
-        """Drop every workspace (the context is closing): a later call builds one, which raises ContextClosed."""
+        """Drop every workspace and signature (the context is closing): a later call checks anew, which
+        raises ContextClosed."""
         self._workspaces.clear()
+        self._calls.clear()
+
+    @staticmethod
+    def _signature(kind, output, A, B, config) -> tuple:
+        """What _kind's checks and the workspace depend on besides the context: the operands' shapes,
+        dtypes and devices, and the config's values (a FusedConfig is mutable). No check reads strides."""
+        if not (isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor) and isinstance(output, torch.Tensor)):
+            check_operands(OP_NAMES[kind], A, B, output)  # raises, naming the operand
+        return (kind, A.shape, B.shape, output.shape, A.dtype, B.dtype, output.dtype, A.device, B.device,
+                output.device, None if config is None else config.key())
+
+    def _known(self, signature):
+        """The workspace of a signature checked before, or None."""
+        try:
+            return self._calls.get(signature)
+        except TypeError:  # a config field set to something unhashable: new, and validate() names it
+            return None
 
     def _ws(self, name, output, A, B, config, make):
         key = (name, tuple(A.shape), tuple(B.shape), tuple(output.shape), A.dtype, A.device,
@@ -142,13 +166,12 @@ class OpsNamespace:
                                                          A.dtype, A.device)
 
     def _given(self, name, kind, output, A, B, config, workspace):
-        """A workspace passed back to an op: checked against these tensors and config before anything is
-        allocated or launched; an empty FusedWorkspace is filled."""
+        """A workspace passed back to an op whose signature is checked: checked against these tensors and
+        config before anything is allocated or launched; an empty FusedWorkspace is filled."""
         self._passed(name, workspace)
         if not workspace:
             workspace.update(self._preamble(kind, output, A, B, config))
             return workspace
-        self._kind(kind, output, A, B, config)
         if not self._built_for(kind, workspace, output, A, B):
             built = tuple(workspace.get("built_for", ())) + (None,) * 6
             raise CollectiveError(f"{name}: the workspace was built for {OP_NAMES.get(built[0], 'no op')} with A "
@@ -238,8 +261,15 @@ class OpsNamespace:
         return kind
 
     def _preamble(self, kind, output, A, B, config):
+        signature = self._signature(kind, output, A, B, config)
+        ws = self._known(signature)
+        if ws is None:
+            ws = self._calls[signature] = self._build(self._kind(kind, output, A, B, config), output, A, B, config)
+        return ws
+
+    def _build(self, kind, output, A, B, config):
+        """The workspace of a call checked by _kind, which named its kind."""
         ctx = self._ctx
-        kind = self._kind(kind, output, A, B, config)
         if kind in ("ar_tile_api", "rs_tile_api"):
             return self._ws(kind, output, A, B, config, lambda: _tagged(_mtr.preamble(ctx, output, A, B, config,
                                                                                  kind == "rs_tile_api"), kind))
@@ -267,12 +297,18 @@ class OpsNamespace:
         return self._ws(kind, output, A, B, config, lambda: _tagged(make(), kind))
 
     def _call(self, kind, name, output, A, B, bias, config, workspace):
+        signature = self._signature(kind, output, A, B, config)
+        ws = self._known(signature)
+        # a new signature: its shapes and config checked before the bias (whose check reads them) and anything else
+        layout = self._kind(kind, output, A, B, config) if ws is None else None
         if kind == "mag":  # this rank's bias goes into its rows before they are sent (Iris's layout)
-            _mag.check(self._ctx, A, B, output, bias)
+            _mag.check_call(self._ctx, A, output, bias)
         else:
             _check_bias(name, bias, output)
-        ws = (self._given(name, kind, output, A, B, config, workspace) if workspace is not None
-              else self._preamble(kind, output, A, B, config))
+        if workspace is not None:
+            ws = self._given(name, kind, output, A, B, config, workspace)
+        elif ws is None:
+            ws = self._calls[signature] = self._build(layout, output, A, B, config)
         ctx, op = self._ctx, ws["op"]
         ctx.ccl.order.enter()  # one device order with every collective of the context (iris/ccl/order.py)
         if op in ("streamed", "ccl"):  # matmul_all_gather's bias goes into its rows before they are sent

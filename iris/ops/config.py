@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Optional
 
 ALL_REDUCE_VARIANTS = ("atomic", "ring", "one_shot", "two_shot", "spinlock")  # the names Iris accepts
@@ -11,7 +12,7 @@ CACHE_MODIFIERS = (None, "", ".ca", ".cg", ".cs", ".cv", ".wb", ".wt")
 @dataclass
 class FusedConfig:
     """Iris's fields with Iris's defaults, plus iris's own. Mutable, as Iris's: checked by validate(),
-    which every op calls.
+    which an op calls the first time it sees these values (key()).
 
     block_size_m/n/k: the GEMM tile (None: chosen from the shape and the device); group_size_m: tiles
     of that many rows share B columns in L2; num_sms: programs of the persistent grid (default every
@@ -57,9 +58,9 @@ class FusedConfig:
         self.validate()
 
     def key(self) -> tuple:
-        """The fields' values now: what a workspace built for this config depends on (scalars all, so no
-        deep copy: dataclasses.astuple took about 30 us a call, on every op called with a config)."""
-        return tuple(getattr(self, name) for name in _FIELDS)
+        """The fields' values now (scalars all, not copied): what validate() and a workspace built for this
+        config depend on, so every op call with a config keys on it."""
+        return _KEY(self)
 
     def validate(self, world_size: Optional[int] = None) -> None:
         """Raise ValueError naming the first bad field (Iris's check, and the limits of iris's kernels)."""
@@ -92,4 +93,4 @@ class FusedConfig:
                              "use torch.matmul with torch.backends.cuda.matmul.allow_tf32 = False and ctx.ccl")
 
 
-_FIELDS = tuple(f.name for f in fields(FusedConfig))
+_KEY = attrgetter(*(f.name for f in fields(FusedConfig)))

@@ -56,20 +56,27 @@ def _matmul_all_gather_kernel(a, b, c, bias, flags, ctl, heap_bases, rank, world
     _finish(ctl, ep, rank, world, heap_bases, NUM_SMS, False)
 
 
-def check(ctx, A: torch.Tensor, B: torch.Tensor, output: torch.Tensor, bias=None) -> None:
+def check(ctx, A: torch.Tensor, B: torch.Tensor, output: torch.Tensor) -> None:
+    """The operands' dtypes, devices and shapes (ctx.ops checks them once per call signature), and a heap output."""
     check_operands("matmul_all_gather", A, B, output)
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != A.shape[0]
-                             or bias.device != A.device or not bias.dtype.is_floating_point):
-        raise ValueError(f"matmul_all_gather: bias must be a 1-D float tensor of A_local's {A.shape[0]} rows on "
-                         f"{A.device} (each rank adds its own to its rows, as Iris does), got "
-                         f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}"
-                         f"{' ' + str(bias.dtype) if isinstance(bias, torch.Tensor) else ''}")
     (m, k), (k2, n) = A.shape, B.shape
     if k2 != k:
         raise ValueError(f"matmul_all_gather: A_local is {m}x{k} but B is {k2}x{n}; B needs {k} rows")
     if tuple(output.shape) != (ctx.world * m, n):
         raise ValueError(f"matmul_all_gather: output must be (world * A_local rows) x N = {ctx.world * m}x{n}, "
                          f"got {tuple(output.shape)}")
+    check_call(ctx, A, output)
+
+
+def check_call(ctx, A: torch.Tensor, output: torch.Tensor, bias=None) -> None:
+    """What every call checks, the shapes known good: the bias, and the output on the heap (no signature
+    of shapes and dtypes tells either)."""
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != A.shape[0]
+                             or bias.device != A.device or not bias.dtype.is_floating_point):
+        raise ValueError(f"matmul_all_gather: bias must be a 1-D float tensor of A_local's {A.shape[0]} rows on "
+                         f"{A.device} (each rank adds its own to its rows, as Iris does), got "
+                         f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}"
+                         f"{' ' + str(bias.dtype) if isinstance(bias, torch.Tensor) else ''}")
     if not ctx.is_symmetric(output):
         raise ValueError("matmul_all_gather: output must be a heap tensor (peers write into it); allocate it with "
                          "ctx.empty(M, N, dtype=...)")
