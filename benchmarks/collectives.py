@@ -180,7 +180,7 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
             row["iris_checked"] &= within(y_, exact, bound) and (err == 0 or ctx.world > 2 or not gpu)
             timer.both(row, name, lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
         ctx.ccl.all_reduce(y, x)
-        row["variant_auto"] = ctx.ccl.recent.plan.variant
+        row["variant_auto"] = ctx.ccl.recent["all_reduce"].plan.variant
         timer.both(row, "nccl", lambda: dist.all_reduce(y), calls)
         if symm is not None:
             try:
@@ -296,7 +296,7 @@ def host_costs(ctx, timer, gpu):
     x = torch.randn(512, device=ctx.device).to(torch.bfloat16)
     y = torch.empty_like(x)
     ctx.ccl.all_reduce(y, x)
-    plan = ctx.ccl.recent.plan
+    plan = ctx.ccl.recent["all_reduce"].plan
     args = list(plan.args)
     args[0], args[1] = x, y
     calls = 2000 if gpu else 5

@@ -59,7 +59,7 @@ def check_preamble_async(ctx, n, cfg):
     plan = ctx.ccl.all_reduce_preamble(out, xs[r], config=cfg)
     ctx.ccl.all_reduce(out, xs[r], config=cfg, async_op=True)
     bad = [] if _same(out, _reduce(xs, ReduceOp.SUM)) else ["all_reduce after its preamble"]
-    if plan.fn.__name__ != "put_kernel" or ctx.ccl.recent.plan is not plan:
+    if plan.fn.__name__ != "put_kernel" or ctx.ccl.recent["all_reduce"].plan is not plan:
         bad.append(("preamble built", plan.fn.__name__))
     out = torch.full((w * n,), POISON, dtype=torch.float32, device=dev)
     ctx.ccl.all_gather(out, xs[r], config=cfg, async_op=True)
@@ -108,8 +108,8 @@ def run_checks(ctx, cfg, dtypes, shapes, more=True, progress=lambda what: None):
         bad += check_all_reduce(ctx, shapes[1], dtype, dataclasses.replace(cfg, all_reduce_variant="two_shot"),
                                 (ReduceOp.MAX, ReduceOp.MIN)[i % 2], heap=True)
         progress(f"all_reduce {dtype} checked")
-    if ccl.recent.plan.fn.__name__ != "put_kernel":
-        bad.append(("all_reduce ran", ccl.recent.plan.fn.__name__))
+    if ccl.recent["all_reduce"].plan.fn.__name__ != "put_kernel":
+        bad.append(("all_reduce ran", ccl.recent["all_reduce"].plan.fn.__name__))
     bad += check_moves(ctx, shapes[1], dtypes[-1], cfg)
     if more:
         bad += check_repeats(ctx, shapes[0][0], dataclasses.replace(cfg, all_reduce_variant="two_shot"), 4)
@@ -167,7 +167,7 @@ def rank_path():
     ctx = iris.iris(heap_size=1 << 20)
     x, out = ctx.zeros(32, dtype=torch.float32), torch.empty(64, dtype=torch.float32)
     ctx.ccl.all_reduce(out[:32], x)
-    ran = [ctx.ccl.recent.plan.fn.__name__]
+    ran = [ctx.ccl.recent["all_reduce"].plan.fn.__name__]
     ctx.ccl.all_gather(out, x)
     ctx.ccl.all_reduce(out[:32], x, group=[ctx.rank])
     ctx.ccl.reduce(out[:32], x)

@@ -324,6 +324,98 @@ def check_split_reduce(ctx, cfg, dtypes):
     return bad
 
 
+def check_repeats(ctx):
+    """A call that repeats the previous one (ctx.ccl.recent) skips its checks and plan lookup, with new data
+    each time; another root, op, Config or tensor, or a tensor whose storage moved, is checked as a first
+    call: refused where wrong, right where not."""
+    r, w, dev, ccl, bad = ctx.rank, ctx.world, ctx.device, ctx.ccl, []
+    f32, n, m, cfg = torch.float32, 37, 5, Config(block_size=16, comm_sms=2)
+    x, out, plain = ctx.empty((n,), dtype=f32), torch.empty(n, device=dev), torch.ones(n, device=dev)
+    xg, outg = ctx.empty((m, 3), dtype=f32), torch.empty(w * m, 3, device=dev)
+    xs_, outs = ctx.empty((w * m, 3), dtype=f32), torch.empty(m, 3, device=dev)
+    bc = ctx.empty((m, 3), dtype=f32)
+
+    def reduce(rep, dst=0, op=ReduceOp.SUM, config=cfg, inp=x):
+        xs = [_data((n,), f32, q, rep, dev) for q in range(w)]
+        inp.copy_(xs[r])
+        out.fill_(POISON)
+        ccl.reduce(out, inp, dst=dst, op=op, config=config)
+        if not _same(out, _reduce(xs, op) if r == dst else _poisoned((n,), f32, dev)):
+            bad.append(("reduce", rep, dst, op.value))
+
+    def others(rep, root):
+        xs = [_data((m, 3), f32, q, rep, dev) for q in range(w)]
+        xg.copy_(xs[r])
+        outg.fill_(POISON)
+        ccl.gather(outg, xg, dst=root, config=cfg)
+        if not _same(outg, torch.cat(xs) if r == root else _poisoned((w * m, 3), f32, dev)):
+            bad.append(("gather", rep, root))
+        xs = [_data((w * m, 3), f32, q, rep, dev) for q in range(w)]
+        xs_.copy_(xs[r])
+        outs.fill_(POISON)
+        ccl.scatter(outs, xs_, src=root, config=cfg)
+        if not _same(outs, xs[root][r * m:(r + 1) * m]):
+            bad.append(("scatter", rep, root))
+        for form in ("Iris", "torch"):
+            xs = [_data((m, 3), f32, q, rep + 7, dev) for q in range(w)]
+            bc.copy_(xs[r])
+            ccl.broadcast(bc, src=root, config=cfg) if form == "Iris" else ccl.broadcast(bc, bc, src=root)
+            if not _same(bc, xs[root]):
+                bad.append(("broadcast", form, rep, root))
+
+    for rep in range(3):
+        reduce(rep)
+        others(rep, w - 1)
+        if rep and any(ccl.recent[k] is not seen[k] for k in seen):  # the same calls again: the memos stay
+            bad.append(("a repeated call checked again", rep))
+        seen = {k: ccl.recent[k] for k in ("reduce", "gather", "scatter")}  # broadcast's two forms take turns
+    was = ccl.recent["broadcast"]
+    ccl.broadcast(bc, bc, src=w - 1)
+    if ccl.recent["broadcast"] is not was:
+        bad.append("a repeated broadcast checked again")
+    xs = [_data((m, 3), f32, q, 3, dev) for q in range(w)]
+    bc.copy_(xs[r])
+    ccl.broadcast(bc, bc, src=0)  # another root
+    if not _same(bc, xs[0]):
+        bad.append(("broadcast", "torch", "another root"))
+    others(3, 0)  # another root
+    reduce(4, dst=1)
+    reduce(5, dst=1, op=ReduceOp.MAX)
+    was = ccl.recent["reduce"]
+    cfg.block_size = 32
+    reduce(6, dst=1, op=ReduceOp.MAX)
+    if ccl.recent["reduce"] is was:
+        bad.append("a changed Config was not checked")
+    x2 = ctx.empty((n,), dtype=f32)
+    reduce(7, dst=1, op=ReduceOp.MAX, inp=x2)
+    reduce(8, dst=1, op=ReduceOp.MAX)
+    cases = [
+        (lambda: ccl.reduce(out, x, dst=w, op=ReduceOp.MAX, config=cfg), CollectiveError, "position"),
+        (lambda: ccl.reduce(out, x, dst=True, op=ReduceOp.MAX, config=cfg), CollectiveError, "position"),
+        (lambda: ccl.reduce(out, x, dst=1, op="prod", config=cfg), CollectiveError, "op must be"),
+        (lambda: ccl.reduce(out, x, dst=1, op=ReduceOp.MAX, config="fast"), ConfigError, "must be an iris.ccl.Config"),
+        (lambda: ccl.reduce(out, plain, dst=1, op=ReduceOp.MAX, config=cfg), CollectiveError, "heap tensor"),
+        (lambda: ccl.reduce(out, x, dst=1, op=ReduceOp.MAX, config=cfg, group=[(r + 1) % w]), CollectiveError,
+         "not in group"),
+        (lambda: ccl.gather(outg, xg, dst=w, config=cfg), CollectiveError, "position"),
+        (lambda: ccl.scatter(outs, xs_, src=-1, config=cfg), CollectiveError, "position"),
+        (lambda: ccl.broadcast(bc, src=w, config=cfg), CollectiveError, "position"),
+        (lambda: ccl.broadcast(bc, bc, src=w), CollectiveError, "src must be a rank"),
+    ]
+    bad += wrong_errors(cases)
+    cfg.block_size = 3
+    bad += wrong_errors([(lambda: ccl.reduce(out, x, dst=1, op=ReduceOp.MAX, config=cfg), ConfigError,
+                          "power of two")])
+    cfg.block_size = 16
+    reduce(9, dst=1, op=ReduceOp.MAX)  # every refused call left the right one as it was
+    x.set_(plain.clone())  # the same tensor object, its storage moved off the heap
+    bad += wrong_errors([(lambda: ccl.reduce(out, x, dst=1, op=ReduceOp.MAX, config=cfg), CollectiveError,
+                          "heap tensor")])
+    bc.set_(torch.empty(m, 3, device=dev))  # broadcast stages a tensor off the heap: right results still
+    others(10, 0)
+    return bad
+
+
 def rank_host(world, dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     dist = _dist(ctx)
@@ -345,6 +437,19 @@ def test_rooted_and_p2p_host(world):
     out = iris.spawn(rank_host, world, args=(world, dtypes, 3 if world == 2 else 4))
     for r, bad in enumerate(out):
         assert not bad, f"rank {r} of {world}: {bad[:10]}"
+
+
+def rank_repeats():
+    ctx = iris.iris(heap_size=1 << 22)
+    bad = check_repeats(ctx)
+    ctx.barrier()
+    ctx.close()
+    return bad
+
+
+def test_repeated_calls_host():
+    out = iris.spawn(rank_repeats, 2)
+    assert not any(out), "; ".join(f"rank {r}: {bad[:10]}" for r, bad in enumerate(out) if bad)
 
 
 def _free_port() -> int:

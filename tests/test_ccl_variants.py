@@ -49,8 +49,8 @@ def check_all_reduce(ctx, variant, shape, dtype, cfg, rep=0, heap=False):
     out, x = own(torch.full(shape, POISON, dtype=dtype, device=dev)), own(xs[r])
     ctx.ccl.all_reduce(out, x, config=cfg)
     bad = [] if torch.equal(out, want) and torch.equal(x, xs[r]) else [tag + ("out", out.flatten()[:6].tolist())]
-    if not _runs(ctx, variant, ctx.ccl.recent.plan):
-        bad.append(tag + ("ran", ctx.ccl.recent.plan.fn.__name__))
+    if not _runs(ctx, variant, ctx.ccl.recent["all_reduce"].plan):
+        bad.append(tag + ("ran", ctx.ccl.recent["all_reduce"].plan.fn.__name__))
     ctx.ccl.all_reduce(x, x, config=cfg)
     return bad + ([] if torch.equal(x, want) else [tag + ("in place", x.flatten()[:6].tolist())])
 
@@ -147,16 +147,16 @@ def check_mutation(ctx):
     cfg = Config(block_size_m=4, block_size_n=4, comm_sms=2, all_reduce_variant="two_shot")
     x, out = _data((40,), torch.float32, ctx.rank, 1, dev), torch.empty(40, device=dev)
     ctx.ccl.all_reduce(out, x, config=cfg)
-    first = ctx.ccl.recent.plan
+    first = ctx.ccl.recent["all_reduce"].plan
     cfg.all_reduce_distribution = 0
     ctx.ccl.all_reduce(out, x, config=cfg)
-    plan = ctx.ccl.recent.plan
+    plan = ctx.ccl.recent["all_reduce"].plan
     if plan is first or plan.args[plan.at["STRIDED"]] is not True:
         bad.append("all_reduce_distribution = 0 after construction did not reach the kernel")
     cfg.all_reduce_variant = "ring"
     out.fill_(POISON)
     ctx.ccl.all_reduce(out, x, config=cfg)
-    if ctx.ccl.recent.plan.fn.__name__ != "ring_kernel":
+    if ctx.ccl.recent["all_reduce"].plan.fn.__name__ != "ring_kernel":
         bad.append("all_reduce_variant = 'ring' after construction did not run the ring")
     for field, value, words in (("all_reduce_distribution", 2, "all_reduce_distribution must be 0"),
                                 ("all_reduce_variant", "bogus", "'atomic', 'ring'"),

@@ -14,9 +14,6 @@ replayed.
 """
 from __future__ import annotations
 
-import weakref
-from typing import NamedTuple
-
 import torch
 
 from ..allocators.offsets import round_up
@@ -26,24 +23,13 @@ from .checks import Groups, layout, pair
 from .config import Config, ReduceOp, checked
 from .modes import MODES
 from .order import StreamOrder
+from .plan import Recent
 
 try:  # Gluon kernels need triton.experimental.gluon; without it use_gluon=True says why
     from . import gluon as _gluon
     _GLUON_MISSING = None
 except ImportError as e:  # pragma: no cover - a Triton without Gluon
     _gluon, _GLUON_MISSING = None, e
-
-
-class _Recent(NamedTuple):
-    """The previous all_reduce call: the common loop repeats it, and a repeat skips the plan lookup."""
-    inp: weakref.ref
-    out: weakref.ref
-    op: object
-    key: tuple
-    inp_ptr: int
-    out_ptr: int
-    numel: int
-    plan: object
 
 
 class CCL:
@@ -62,7 +48,7 @@ class CCL:
     def __init__(self, ctx):
         self.ctx = ctx
         self.plans = {}
-        self.recent = None  # the previous all_reduce (_Recent)
+        self.recent = {}  # collective -> its previous call (Recent)
         self.groups = Groups(ctx.rank, ctx.world, ctx.heap.bases, ctx.device)
         self.seen = None  # signals waited for, per (program, source rank): the group and pair kernels' own counts
         self.puts = ctx.reserve.puts  # a job with indirect peers: kernels/put.py serves every call
@@ -124,23 +110,18 @@ class CCL:
             if ranks is not None:
                 subsets.run(self, "ar", out, inp, ranks, cfg, tuple(inp.shape), ReduceOp(op), 0)
                 return
-        m = self.recent
-        if (m is not None and m.inp() is inp and m.out() is out and m.op is op and m.key is ck
-                and m.inp_ptr == inp.data_ptr() and m.out_ptr == out.data_ptr()
-                and m.numel == inp.numel() == out.numel()):
-            plan = m.plan
-        else:
-            key = ("ar", op, inp.shape, out.shape, inp.dtype, ck)
-            plan = self.plans.get(key)
-            if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
-                plan = self.plans[key] = self._all_reduce_plan(out, inp, ReduceOp(op), cfg)
-            layout(out, inp)
-            self.recent = _Recent(weakref.ref(inp), weakref.ref(out), op, ck, inp.data_ptr(), out.data_ptr(),
-                                  inp.numel(), plan)
-        if plan.per_call:
-            plan(inp, out, flags=(self._resident(inp), self._resident(out)))
-        else:
-            plan(inp, out)
+        m = self.recent.get("all_reduce")
+        if m is not None and m.repeats(out, inp, (op, None, None, None), config):
+            m.plan(inp, out, flags=m.flags)
+            return
+        key = ("ar", op, inp.shape, out.shape, inp.dtype, ck)
+        plan = self.plans.get(key)
+        if plan is None or inp.device != self.ctx.device or out.dtype != inp.dtype:
+            plan = self.plans[key] = self._all_reduce_plan(out, inp, ReduceOp(op), cfg)
+        layout(out, inp)
+        flags = (self._resident(inp), self._resident(out)) if plan.per_call else ()
+        self.recent["all_reduce"] = Recent.of(out, inp, (op, None, None, None), config, plan, flags)
+        plan(inp, out, flags=flags)
 
     def all_gather_preamble(self, out, inp, config=None):
         """Builds (collectively) what all_gather(out, inp, config=config) needs, so the first real call
@@ -230,19 +211,26 @@ class CCL:
         ...), is in place, and its src is a position in the group. Collective: all ranks (of the group),
         same order, same sizes."""
         self.order.enter()
+        iris_form = not isinstance(inp, torch.Tensor)
+        call, t = ((iris_form, inp, src, group), out) if iris_form else ((iris_form, None, src, group), inp)
+        m = self.recent.get("broadcast")
+        if m is not None and m.repeats(out, t, call, config):
+            m.plan(t, out, flags=m.flags)
+            return
         cfg = self._config(config)
         if cfg.use_gluon:
             raise ConfigError("broadcast has no Gluon kernel here (Config.use_gluon=True); set use_gluon=False")
         ranks = self.groups.of(group, "broadcast")[0]
-        if not isinstance(inp, torch.Tensor):  # Iris's form
-            rooted.broadcast(self, out, inp, src, group, config)
-            return
-        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
+        if iris_form:
+            inp, src = out, rooted.broadcast_src(self, inp, src, group)
+        elif isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
             raise CollectiveError(f"broadcast: src must be a rank in [0, {self.ctx.world}), got {src!r}")
-        if ranks is not None and src not in ranks:
+        elif ranks is not None and src not in ranks:
             raise CollectiveError(f"broadcast: src {src} is not in the group of ranks {list(ranks)}; src is a "
                                   "global rank, as in torch.distributed.broadcast")
-        self._run("bc", out, inp, ranks, cfg, tuple(inp.shape), src=src)
+        ran = self._run("bc", out, inp, ranks, cfg, tuple(inp.shape), src=src)
+        if ran is not None:
+            self.recent["broadcast"] = Recent.of(out, inp, call, config, *ran)
 
     def check_waits(self) -> None:
         """Raise WaitTimeout (once) if a device wait of these collectives gave up; the device must be synced
@@ -264,12 +252,12 @@ class CCL:
             for t in plan.workspace:
                 if self.ctx.is_symmetric(t):
                     self.ctx.free(t)
-        self.plans, self.recent = {}, None
+        self.plans, self.recent = {}, {}
 
     def forget(self) -> None:
         """Drop every plan without freeing its workspace (the context is closing): a later call builds
         its plan again, which raises ContextClosed."""
-        self.plans, self.recent = {}, None
+        self.plans, self.recent = {}, {}
 
     def reduce_preamble(self, out, inp=None, dst=0, op=None, group=None, config=None, workspace=None, root=None):
         """Checks reduce(out, inp, ...) and builds its plan (collectively), so the first real call can be
@@ -399,15 +387,15 @@ class CCL:
         return builders.all_reduce(self, out, inp, op, cfg)
 
     def _run(self, mode, out, inp, ranks, cfg, want, op=ReduceOp.SUM, src=0):
+        """Runs the call; returns its whole-job plan and per-call flags (None over a group)."""
         if ranks is not None:
             subsets.run(self, mode, out, inp, ranks, cfg, want, op, src)
-            return
+            return None
         plan = self._plan_for(mode, out, inp, cfg, want, op, src)
         layout(out, inp)
-        if plan.per_call:
-            plan(inp, out, flags=(self._resident(out),))
-        else:
-            plan(inp, out)
+        flags = (self._resident(out),) if plan.per_call else ()
+        plan(inp, out, flags=flags)
+        return plan, flags
 
     def _plan_for(self, mode, out, inp, cfg, want, op=ReduceOp.SUM, src=0):
         """The whole-job plan of this call, built (collectively, checked first) the first time."""

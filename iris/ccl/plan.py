@@ -7,6 +7,7 @@ one repeated on the same tensors replays a one-kernel CUDA graph (iris/ccl/launc
 """
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -59,6 +60,39 @@ class Plan:
             launcher.launch_trusted(a, ptrs)
         else:
             launcher(*a)
+
+
+class Recent(NamedTuple):
+    """The previous call of one collective, which the common loop repeats with the same tensors. A repeat
+    (the same tensor objects at the same addresses and shapes, the same four other arguments by identity,
+    None where a collective has fewer, the same Config unchanged) skips the checks and the plan lookup; a
+    first call and any difference make them all. A group given as a list is remembered as a tuple, so it
+    never repeats: the list may have changed in place."""
+    inp: weakref.ref
+    out: weakref.ref
+    inp_ptr: int
+    out_ptr: int
+    inp_shape: torch.Size
+    out_shape: torch.Size
+    call: tuple
+    config: object
+    key: tuple | None
+    plan: object
+    flags: tuple = ()
+
+    @classmethod
+    def of(cls, out, inp, call, config, plan, flags=()) -> Recent:
+        """A call just checked and planned (config validated: its key is cached)."""
+        call = tuple(tuple(a) if isinstance(a, list) else a for a in call)
+        return cls(weakref.ref(inp), weakref.ref(out), inp.data_ptr(), out.data_ptr(), inp.shape, out.shape, call,
+                   config, None if config is None else config.key(), plan, flags)
+
+    def repeats(self, out, inp, call, config) -> bool:
+        c = self.call
+        return (self.inp() is inp and self.out() is out and self.inp_ptr == inp.data_ptr()
+                and self.out_ptr == out.data_ptr() and inp.shape == self.inp_shape and out.shape == self.out_shape
+                and call[0] is c[0] and call[1] is c[1] and call[2] is c[2] and call[3] is c[3]
+                and self.config is config and (config is None or config.key() is self.key))
 
 
 class Knobs(NamedTuple):

@@ -15,44 +15,28 @@ from .builders import pair_state, scatter_push
 from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, position, same_dtype, tensor
 from .config import ReduceOp
 from .kernels.pair import rooted_kernel
-from .plan import Plan, pair_knobs, pair_split, pow2
+from .plan import Plan, Recent, pair_knobs, pair_split, pow2
 
 
 # -- the collectives ---------------------------------------------------------
-def broadcast(ccl, t, pos, src, group, config) -> None:
-    """Iris's broadcast(tensor, src=0, ...): src's tensor onto every member's, in place; src a position
-    (pos: src given positionally). Runs as iris's broadcast(t, t, src=<its global rank>)."""
+def broadcast_src(ccl, pos, src, group) -> int:
+    """The global rank of Iris's broadcast(tensor, src=0, ...)'s src, a position in the group (pos: src given
+    positionally); ctx.ccl runs it as broadcast(tensor, tensor, src=<that rank>)."""
     if pos is not None:
         if src != 0:
             raise CollectiveError(f"broadcast(tensor, {pos!r}, src={src!r}): src given twice; pass it once")
         src = pos
     ranks = ccl.groups.ranks(group, "broadcast")
     position("broadcast", "src", src, ranks)
-    ccl.broadcast(t, t, src=ranks[src], group=group, config=config)
+    return ranks[src]
 
 
 SPLIT_REDUCE = 4 << 20  # bytes from which a whole-job reduce over 3+ ranks is a reduce_scatter then a gather
 
 
 def reduce(ccl, out, inp, dst, op, group, config, launch=True):
-    op = ReduceOp.SUM if op is None else op
-    try:
-        op = ReduceOp(op)
-    except ValueError:
-        raise CollectiveError(f"reduce: op must be one of {[o.value for o in ReduceOp]} (or None: sum), "
-                              f"got {op!r}") from None
     inp = out if inp is None else inp
-    w = ccl.ctx.world
-
-    def split(ranks):  # after the checks: the whole job's large reduce runs split, and no rooted plan is built
-        if (w > 2 and not ccl.puts and inp.is_contiguous() and inp.numel() % w == 0
-                and inp.numel() * inp.element_size() >= SPLIT_REDUCE and ranks == tuple(range(w))):
-            return _split(ccl, out, inp, dst, op, config)
-        return None
-    plan = _rooted(ccl, "reduce", out, inp, dst, "dst", group, config, op, launch=False, instead=split)
-    if launch:
-        plan(inp, out)
-    return plan
+    return _rooted(ccl, "reduce", out, inp, dst, "dst", group, config, op, launch)
 
 
 class _Split:
@@ -93,9 +77,30 @@ def gather(ccl, out, inp, dst, group, config) -> None:
     _rooted(ccl, "gather", out, inp, dst, "dst", group, config, ReduceOp.SUM)
 
 
-def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True, instead=None):
-    """Checks, finds or builds the plan (instead(ranks)'s where it gives one), and (launch) runs it;
-    returns the plan."""
+def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True):
+    """The plan of this call, the previous call's where this one repeats it (ccl.recent), else found or
+    built after every check; (launch) runs it. Returns the plan."""
+    call = (root, op, group, SPLIT_REDUCE)  # SPLIT_REDUCE: reduce's split, which the plan remembers
+    m = ccl.recent.get(mode)
+    if m is not None and m.repeats(out, inp, call, config):
+        plan = m.plan
+    else:
+        plan = _checked(ccl, mode, out, inp, root, role, group, config, op)
+        ccl.recent[mode] = Recent.of(out, inp, call, config, plan)
+    if launch:
+        plan(inp, out)
+    return plan
+
+
+def _checked(ccl, mode, out, inp, root, role, group, config, op):
+    """Checks the call, then finds or builds its plan (a whole-job reduce's _Split where _splits says)."""
+    if mode == "reduce":
+        op = ReduceOp.SUM if op is None else op
+        try:
+            op = ReduceOp(op)
+        except ValueError:
+            raise CollectiveError(f"reduce: op must be one of {[o.value for o in ReduceOp]} (or None: sum), "
+                                  f"got {op!r}") from None
     for name, t in (("out", out), ("inp", inp)):
         tensor(mode, name, t, ccl.ctx.device)
         nonempty(mode, name, t)
@@ -119,15 +124,20 @@ def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True, ins
                     "scatter": f"in place, out must be inp's chunk of this rank's position {me}",
                     "gather": "the root reads inp at the same heap offset on every rank, and inp inside out sits "
                               "at another offset on each; pass a separate heap inp"}[mode])
-    other = None if instead is None else instead(ranks)
-    if other is not None:
-        plan = other
-    elif plan is None:
+    if mode == "reduce" and _splits(ccl, inp, ranks):
+        return _split(ccl, out, inp, root, op, config)
+    if plan is None:
         plan = ccl.plans[key] = (puts.plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
                                  _plan(ccl, mode, out, inp, ranks, root, op, knob))
-    if launch:
-        plan(inp, out)
     return plan
+
+
+def _splits(ccl, inp, ranks) -> bool:
+    """Whether a reduce of inp over ranks runs as _Split: the whole job's, over 3+ ranks, from SPLIT_REDUCE
+    bytes, its elements a whole number of parts."""
+    w = ccl.ctx.world
+    return (w > 2 and not ccl.puts and inp.is_contiguous() and inp.numel() % w == 0
+            and inp.numel() * inp.element_size() >= SPLIT_REDUCE and ranks == tuple(range(w)))
 
 
 def _check_shapes(mode, out, inp, g) -> None:
