@@ -413,6 +413,11 @@ def check_repeats(ctx):
                           "heap tensor")])
     bc.set_(torch.empty(m, 3, device=dev))  # broadcast stages a tensor off the heap: right results still
     others(10, 0)
+    sq, sq_out = ctx.full((4, 4), 1.0), torch.empty(4, 4, device=dev)
+    for _ in range(2):
+        ccl.reduce(sq_out, sq, dst=0)
+    sq_out.t_()  # the same object and shape, restrided in place
+    bad += wrong_errors([(lambda: ccl.reduce(sq_out, sq, dst=0), CollectiveError, "contiguous")])
     return bad
 
 

@@ -74,6 +74,7 @@ class Recent(NamedTuple):
     out_ptr: int
     inp_shape: torch.Size
     out_shape: torch.Size
+    strides: tuple  # inp's and out's: a tensor restrided in place (t_, as_strided_) is checked anew
     call: tuple
     config: object
     key: tuple | None
@@ -84,14 +85,14 @@ class Recent(NamedTuple):
     def of(cls, out, inp, call, config, plan, flags=()) -> Recent:
         """A call just checked and planned (config validated: its key is cached)."""
         call = tuple(tuple(a) if isinstance(a, list) else a for a in call)
-        return cls(weakref.ref(inp), weakref.ref(out), inp.data_ptr(), out.data_ptr(), inp.shape, out.shape, call,
-                   config, None if config is None else config.key(), plan, flags)
+        return cls(weakref.ref(inp), weakref.ref(out), inp.data_ptr(), out.data_ptr(), inp.shape, out.shape,
+                   (inp.stride(), out.stride()), call, config, None if config is None else config.key(), plan, flags)
 
     def repeats(self, out, inp, call, config) -> bool:
         c = self.call
         return (self.inp() is inp and self.out() is out and self.inp_ptr == inp.data_ptr()
                 and self.out_ptr == out.data_ptr() and inp.shape == self.inp_shape and out.shape == self.out_shape
-                and call[0] is c[0] and call[1] is c[1] and call[2] is c[2] and call[3] is c[3]
+                and (inp.stride(), out.stride()) == self.strides and call[0] is c[0] and call[1] is c[1] and call[2] is c[2] and call[3] is c[3]
                 and self.config is config and (config is None or config.key() is self.key))
 
 
