@@ -1,4 +1,6 @@
+import compileall
 import os
+import sys
 
 import pytest
 import torch
@@ -8,6 +10,17 @@ os.environ.setdefault("IRIS_TIMEOUT", "60")
 # Decides the platform, and on the host turns Triton's interpreter on, before any test module imports
 # triton: a triton imported first leaves interpreted kernels failing, whichever file is collected first.
 import iris  # noqa: F401,E402
+
+
+def pytest_configure(config):
+    """Where the environment tells Python not to write bytecode (PYTHONDONTWRITEBYTECODE, as CI's does),
+    every process the tests start (several hundred ranks, launchers and scripts) would compile iris's
+    modules and the test helpers it imports from source again: compile them once, here, for all of them.
+    Python checks each file's size and time against its source, so a stale one is never used."""
+    if sys.dont_write_bytecode and not hasattr(config, "workerinput"):  # once, in the controller
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for folder in ("iris", "tests"):
+            compileall.compile_dir(os.path.join(root, folder), quiet=2, workers=1)
 
 
 def pytest_collection_modifyitems(config, items):
