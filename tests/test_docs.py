@@ -1,7 +1,10 @@
 """Every ```python block in README.md and docs/*.md runs, on the host driver, as the docs say it does.
 
 A block whose first line is `# ranks: N` is a script for `python -m iris.run -n N`; any other
-block runs alone in a fresh interpreter. A block with the line `# prints: the text block above`
+block runs alone, as `python block.py`. Each starts as a fresh interpreter would (tests/script_batch.py
+forks it from a process that has imported torch only: its own globals, folder and output, and the
+interpreter's full exit), the blocks of one rank count one after another under one launcher whose
+ranks meet between blocks. A block with the line `# prints: the text block above`
 (or `below`: the first one after it) must print that ```text block (compared with whitespace
 collapsed), so shown output cannot drift from what iris prints. Blocks are the documentation's promises, so each one
 asserts what it shows; a block that only illustrates belongs in a ```text fence instead.
@@ -10,8 +13,6 @@ import ast
 import functools
 import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -19,12 +20,17 @@ import pytest
 import torch
 import triton.language as tl
 
+import script_batch
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 RANKS = re.compile(r"\A#\s*ranks:\s*(\d+)\s*$", re.M)
 TEXT = re.compile(r"^```text[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 PRINTS, PRINTS_BELOW = "# prints: the text block above", "# prints: the text block below"
+TIMEOUT = 180  # seconds a block may run
+# the blocks run in batches made by a module fixture: on one worker, each batch once
+pytestmark = pytest.mark.xdist_group("test_docs")
 
 
 def blocks():
@@ -74,22 +80,54 @@ def interpreter_loops_from_program_id() -> bool:
     return out.item() == 2
 
 
-@pytest.mark.parametrize("code,ranks,expect", blocks())
-def test_block_runs(code, ranks, expect, tmp_path):
-    if "ctx.ccl." in code and not interpreter_loops_from_program_id():
-        pytest.skip("this Triton's interpreter cannot run a loop bounded by program_id (Triton 3.6 under NumPy 2); "
-                    "the collectives' host blocks need a newer Triton, as CI installs")
-    script = tmp_path / "block.py"
-    script.write_text(code)
+def _runnable(code) -> bool:
+    return "ctx.ccl." not in code or interpreter_loops_from_program_id()
+
+
+def _forkable(code) -> bool:
+    """Whether a block may run forked in a batch: not one that names its parent process, which a job's
+    ranks share under a launcher and forked ranks do not."""
+    return "os.getppid()" not in code
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """(block id, code, ranks) -> its script_batch.Ran, each block in an empty folder of its own. On first
+    use for a rank count, every runnable block of that count that may be forked runs in one batch."""
+    root, done = tmp_path_factory.mktemp("blocks"), {}
     env = {k: v for k, v in os.environ.items() if k not in ("IRIS_ALLOCATOR", "IRIS_CHECK_SYMMETRY")}
     env.update(IRIS_PLATFORM="host", TRITON_INTERPRET="1", IRIS_TIMEOUT=os.environ.get("IRIS_TIMEOUT", "60"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    cmd = [sys.executable, "-m", "iris.run", "-n", str(ranks), str(script)] if ranks else [sys.executable, str(script)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- code ---\n{code}\n--- output ---\n{proc.stdout}{proc.stderr}"
+
+    def script(name, code):
+        folder = root / name
+        folder.mkdir()
+        (folder / "block.py").write_text(code)
+        return str(folder / "block.py"), str(folder)
+
+    def get(block_id, code, ranks):
+        if not _forkable(code):
+            path, folder = script("alone-" + re.sub(r"\W", "-", block_id), code)
+            done[block_id] = script_batch.run_alone(path, ranks, env, folder, TIMEOUT)
+        if block_id not in done:
+            params = [p for p in blocks() if p.values[1] == ranks and _runnable(p.values[0]) and _forkable(p.values[0])]
+            scripts = [script(f"{ranks}-{i}", p.values[0]) for i, p in enumerate(params)]
+            results = script_batch.run(str(root / f"batch-{ranks}"), scripts, ranks, env, str(root), TIMEOUT)
+            done.update({p.id: r for p, r in zip(params, results)})
+        return done[block_id]
+    return get
+
+
+@pytest.mark.parametrize("code,ranks,expect", blocks())
+def test_block_runs(code, ranks, expect, ran, request):
+    if not _runnable(code):
+        pytest.skip("this Triton's interpreter cannot run a loop bounded by program_id (Triton 3.6 under NumPy 2); "
+                    "the collectives' host blocks need a newer Triton, as CI installs")
+    proc = ran(request.node.callspec.id, code, ranks)
+    assert proc.code == 0, f"exit {proc.code}\n--- code ---\n{code}\n--- output ---\n{proc.out}{proc.err}"
     if expect is not None:
-        assert " ".join(expect.split()) in " ".join(proc.stdout.split()), \
-            f"the page shows\n{expect}\nbut the block printed\n{proc.stdout}"
+        assert " ".join(expect.split()) in " ".join(proc.out.split()), \
+            f"the page shows\n{expect}\nbut the block printed\n{proc.out}"
 
 
 # -- quoted messages and command-line flags match the code -----------------------------------------
