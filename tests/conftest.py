@@ -13,7 +13,7 @@ import iris  # noqa: F401,E402
 
 
 def pytest_configure(config):
-    """Where the environment tells Python not to write bytecode (PYTHONDONTWRITEBYTECODE, as CI's does),
+    """Where the environment tells Python not to write bytecode (PYTHONDONTWRITEBYTECODE, as this machine's does),
     every process the tests start (several hundred ranks, launchers and scripts) would compile iris's
     modules and the test helpers it imports from source again: compile them once, here, for all of them.
     Python checks each file's size and time against its source, so a stale one is never used."""
@@ -21,6 +21,19 @@ def pytest_configure(config):
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         for folder in ("iris", "tests"):
             compileall.compile_dir(os.path.join(root, folder), quiet=2, workers=1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Lets pytest keep the test modules it rewrites for assertions (tests/__pycache__, as compileall does
+    for the plain ones above) where bytecode is otherwise not written: each worker, and each pytest that a
+    test starts, would rewrite every module it collects again, about 2 s of CPU a process. Only while
+    collecting: what the tests import later is left as the environment says."""
+    keep, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = keep
 
 
 def pytest_collection_modifyitems(config, items):
