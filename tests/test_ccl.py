@@ -43,6 +43,12 @@ def _poisoned(shape, dtype, device):
     return torch.full(shape, POISON, dtype=dtype, device=device)
 
 
+def _spawn_clean(fn, world, *args):
+    """fn(*args) on world ranks; every rank's list of failures must be empty."""
+    for r, bad in enumerate(iris.spawn(fn, world, args=args)):
+        assert not bad, f"rank {r} of {world}: {bad[:10]}"
+
+
 def _same(got, want):
     return got.shape == want.shape and bool(torch.equal(got, want))
 
@@ -356,9 +362,7 @@ def test_collectives_host(world):
     # reps: back-to-back calls over one workspace, whose stages alternate by epoch parity: 40 are twenty
     # rounds of both copies here, where ranks meet at every call; races get thousands on GPUs
     dtypes, reps = (DTYPES, 40) if world == 2 else ([torch.float32, torch.bfloat16], 12)
-    out = iris.spawn(rank_host, world, args=(dtypes, reps))
-    for r, bad in enumerate(out):
-        assert not bad, f"rank {r} of {world}: {bad[:10]}"
+    _spawn_clean(rank_host, world, dtypes, reps)
 
 
 # -- GPUs: a rank per GPU, large sizes, thousands of calls, CUDA graphs --------------------------------
@@ -485,9 +489,7 @@ def test_collectives_gpu(world):
     # more ranks than GPUs time-slice their spinning kernels: every call waits for the others' turns,
     # so the repeats and replays shrink there (the checks stay the same)
     reps, replays = (3000, 200) if world <= max(2, torch.cuda.device_count()) else (100, 10)
-    out = iris.spawn(rank_gpu, world, args=(int(os.environ.get("IRIS_CCL_REPS", reps)), replays))
-    for r, bad in enumerate(out):
-        assert not bad, f"rank {r} of {world}: {bad[:10]}"
+    _spawn_clean(rank_gpu, world, int(os.environ.get("IRIS_CCL_REPS", reps)), replays)
 
 
 def rank_two_streams(reps):
@@ -523,9 +525,7 @@ def rank_two_streams(reps):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_calls_from_two_streams_gpu(world):
-    out = iris.spawn(rank_two_streams, world, args=(200,))
-    for r, bad in enumerate(out):
-        assert not bad, f"rank {r} of {world}: {bad[:10]}"
+    _spawn_clean(rank_two_streams, world, 200)
 
 
 def rank_captures(replays):
@@ -585,6 +585,4 @@ def rank_captures(replays):
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_captures_between_streams_gpu(world):
-    out = iris.spawn(rank_captures, world, args=(50,))
-    for r, bad in enumerate(out):
-        assert not bad, f"rank {r} of {world}: {bad[:10]}"
+    _spawn_clean(rank_captures, world, 50)
