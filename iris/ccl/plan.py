@@ -92,7 +92,8 @@ class Recent(NamedTuple):
         c = self.call
         return (self.inp() is inp and self.out() is out and self.inp_ptr == inp.data_ptr()
                 and self.out_ptr == out.data_ptr() and inp.shape == self.inp_shape and out.shape == self.out_shape
-                and (inp.stride(), out.stride()) == self.strides and call[0] is c[0] and call[1] is c[1] and call[2] is c[2] and call[3] is c[3]
+                and (inp.stride(), out.stride()) == self.strides
+                and call[0] is c[0] and call[1] is c[1] and call[2] is c[2] and call[3] is c[3]
                 and self.config is config and (config is None or config.key() is self.key))
 
 
