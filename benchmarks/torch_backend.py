@@ -349,7 +349,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-graph", action="store_true", help="eager only")
     p.add_argument("--dispatch-floor", action="store_true",
                    help="host us per call with ctx.ccl's call a no-op: do-nothing backend, iris, the no-op")
+    p.add_argument("--spread-from", type=int, default=None,
+                   help="bytes from which reduce and broadcast over 3+ ranks on heap tensors spread the work over "
+                        "the members (iris.ccl.rooted.SPREAD; above --max-bytes: the forms before it, a control)")
     args = p.parse_args(argv)
+    if args.spread_from is not None:
+        from iris.ccl import rooted
+        rooted.SPREAD = args.spread_from
     if not 4 * KiB <= args.min_bytes <= args.max_bytes:
         p.error(f"--min-bytes {args.min_bytes} must be at least {4 * KiB} and at most --max-bytes {args.max_bytes}")
     start = time.perf_counter()

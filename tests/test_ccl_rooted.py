@@ -324,6 +324,91 @@ def check_split_reduce(ctx, cfg, dtypes):
     return bad
 
 
+def check_spread(ctx, cfg, dtypes, n0, graph=False):
+    """reduce and broadcast on heap tensors over 3+ members, the work spread over the members but the root
+    (GPUs take it from SPREAD bytes; on the host SPREAD is 0): the whole job, every rank reversed and on 4
+    ranks B = [1, 2, 3], every root, every reduction, out of place (a heap out) and in place, broadcast
+    in both forms; only the root's out changes in a reduce, inp never (but in place); sizes n0 + a few
+    elements, parts not a whole number of blocks. graph: also a reduce and a broadcast captured in a CUDA
+    graph, replayed with new data. Returns failures."""
+    from iris.ccl import rooted
+    keep = rooted.SPREAD
+    if ctx.device.type != "cuda":
+        rooted.SPREAD = 0
+    r, w, dev, ccl, bad = ctx.rank, ctx.world, ctx.device, ctx.ccl, []
+    every = list(range(w))
+    groups = [(None, every), (every[::-1], every[::-1])] + [([1, 2, 3], [1, 2, 3])] * (w == 4)
+    top = n0 + 16 * w
+    bufs = [ctx.empty((top,), dtype=torch.float64) for _ in range(2)]  # the same offsets on every rank
+    try:
+        for rep in range(2 * w):
+            dtype = dtypes[rep % len(dtypes)]
+            n = n0 + 5 * rep + 1
+            x, out = (b.view(dtype)[:n] for b in bufs)
+            for group, ranks in groups:
+                if r not in ranks:
+                    continue
+                g, me = len(ranks), ranks.index(r)
+                root, op = rep % g, OPS[rep % 3]
+                tag = (tuple(ranks), str(dtype), root, n)
+                xs = [_data((n,), dtype, q, rep, dev) for q in ranks]
+                x.copy_(xs[me])
+                out.fill_(POISON)
+                ccl.reduce(out, x, dst=root, op=op, group=group, config=cfg)
+                if not _same(out, _reduce(xs, op) if me == root else _poisoned((n,), dtype, dev)):
+                    bad.append(("spread reduce", op.value) + tag)
+                if not _same(x, xs[me]):
+                    bad.append(("spread reduce changed inp",) + tag)
+                ccl.reduce(x, dst=root, op=op, group=group, config=cfg)
+                if not _same(x, _reduce(xs, op) if me == root else xs[me]):
+                    bad.append(("spread reduce in place", op.value) + tag)
+                x.copy_(xs[me])
+                out.fill_(POISON)
+                ccl.broadcast(out, x, src=ranks[root], group=group, config=cfg)
+                if not _same(out, xs[root]) or not _same(x, xs[me]):
+                    bad.append(("spread broadcast",) + tag)
+                ccl.broadcast(x, src=root, group=group, config=cfg)
+                if not _same(x, xs[root]):
+                    bad.append(("spread broadcast in place",) + tag)
+        spread = [k for k, p in ccl.plans.items() if getattr(p, "variant", "") == "spread"]
+        if w > 2 and {k[1] for k in spread} != {"reduce", "broadcast"}:
+            bad.append(("reduce and broadcast did not both spread", spread))
+        if w == 2 and spread:
+            bad.append(("spread over 2 ranks", spread))
+        if graph and w > 2:
+            bad += _spread_graph(ctx, x, out, w)
+    finally:
+        rooted.SPREAD = keep
+    return bad
+
+
+def _spread_graph(ctx, x, out, w):
+    """A spread reduce and broadcast of the whole job captured in one CUDA graph, replayed with new data."""
+    r, dev, ccl, n, bad = ctx.rank, ctx.device, ctx.ccl, x.numel(), []
+    root = w - 1
+
+    def calls():
+        ccl.reduce(out, x, dst=root)
+        ccl.broadcast(x, src=1)
+
+    calls()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for rep in range(3):
+        xs = [_data((n,), x.dtype, q, 70 + rep, dev) for q in range(w)]
+        x.copy_(xs[r])
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        if not _same(out, _reduce(xs, ReduceOp.SUM) if r == root else _poisoned((n,), x.dtype, dev)):
+            bad.append(("spread reduce replayed", rep))
+        if not _same(x, xs[1]):
+            bad.append(("spread broadcast replayed", rep))
+    return bad
+
+
 def check_repeats(ctx):
     """A call that repeats the previous one (ctx.ccl.recent) skips its checks and plan lookup, with new data
     each time; another root, op, Config or tensor, or a tensor whose storage moved, is checked as a first
@@ -425,7 +510,8 @@ def rank_host(world, dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     dist = _dist(ctx)
     bad = run_all(ctx, dist, dtypes, reps, Config(block_size=16, comm_sms=2))  # 2 programs, partial blocks
-    bad += check_split_reduce(ctx, Config(block_size=16, comm_sms=2), dtypes)
+    bad += check_spread(ctx, Config(block_size=16, comm_sms=2), dtypes, 3 * 16 * world)
+    bad += check_split_reduce(ctx, Config(block_size=16, comm_sms=2), dtypes)  # last: a rank gives up waiting
     bad += check_mailbox(ctx, Config(block_size=16, comm_sms=2), 0)
     bad += check_mailbox_split(ctx)
     bad += check_mailbox_released(ctx)
@@ -521,6 +607,7 @@ def rank_gpu(replays):
     # the default Config (many programs, 16-byte vectors), bf16 (the host runs every dtype): the whole job,
     # every rank reversed, and on 4 ranks A = [0, 2] and B = [1, 2, 3]
     bad = run_all(ctx, dist, [torch.bfloat16], 2, None, (((3 << 16) + 5,), (1000, 129)), groups=4)
+    bad += check_spread(ctx, None, [torch.bfloat16, torch.float32], (1 << 20) + 3, graph=True)
     shapes = ((1 << 20) - 3,), (999, 65)
     slots = [Slots(ctx, 5, 4 << 20) for _ in range(2)]  # bf16: 2 MiB the largest
     plans = [(None, list(range(ctx.world)), 0)]

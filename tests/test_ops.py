@@ -389,14 +389,17 @@ def test_default_variant_rules():
     for w, M, want in ((2, 128, "ccl"), (2, 256, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"),
                        (4, 128, "ccl"), (3, 8192, "ccl")):
         assert default_variant("ar", w, M, N, M, K // w) == want, ("ar", w, M)
-    for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "fused"), (4, 8192, "streamed")):
+    for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "ccl"), (4, 1024, "fused"), (4, 4096, "fused"),
+                       (4, 8192, "streamed")):
         assert default_variant("rs", w, M // w, N, M, K // w) == want, ("rs", w, M)
-    for w, M, want in ((2, 512, "fused"), (2, 1024, "streamed"), (4, 2048, "fused"), (4, 4096, "streamed")):
+    for w, M, want in ((2, 512, "fused"), (2, 1024, "streamed"), (4, 512, "ccl"), (4, 2048, "ccl"),
+                       (4, 4096, "streamed")):
         assert default_variant("mag", w, M, N, M // w, K) == want, ("mag", w, M)
     for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (2, 2048, "streamed"), (2, 4096, "fused"),
-                       (4, 512, "streamed")):
+                       (4, 512, "ccl"), (4, 1024, "streamed"), (4, 4096, "streamed"), (4, 8192, "fused")):
         assert default_variant("ag", w, M, N, M // w, K) == want, ("ag", w, M)
     from iris.ops import streamed_chunks
-    for kind, owner, want in (("rs", 1024, 2), ("rs", 2048, 2), ("rs", 4096, 4), ("ar", 1024, 2), ("ar", 2048, 4),
-                              ("mag", 1024, 2), ("mag", 4096, 4), ("ag", 4096, 1)):
-        assert streamed_chunks(kind, owner) == want, (kind, owner)
+    for kind, owner, w, want in (("rs", 1024, 2, 2), ("rs", 2048, 2, 2), ("rs", 4096, 2, 4), ("rs", 2048, 4, 3),
+                                 ("ar", 1024, 2, 2), ("ar", 2048, 2, 4), ("mag", 1024, 2, 2), ("mag", 4096, 2, 4),
+                                 ("mag", 1024, 4, 2), ("mag", 2048, 4, 4), ("ag", 4096, 2, 1)):
+        assert streamed_chunks(kind, owner, w) == want, (kind, owner, w)

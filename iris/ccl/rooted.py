@@ -2,20 +2,22 @@
 rank, the root, sends to or receives from every member of the group; roots (src, dst) are positions in
 the group, as Iris numbers them. The kernel (kernels/pair.py's rooted_kernel) reads the members' inp in
 place, so inp must be a heap tensor, the same collective allocation on every member; nothing is
-allocated on the heap, and the same kernel serves the whole job and any subset group. A large
-whole-job reduce over three or more ranks runs instead as a reduce_scatter then a gather (_Split),
-which allocates a part of a world-th on the heap. Also the plan checks and sizing that p2p.py
-shares. See docs/collectives.md.
+allocated on the heap, and the same kernel serves the whole job and any subset group. Over three or
+more members a reduce into a heap out, and a broadcast from and into heap tensors, spread the work
+over the members but the root (kernels/pair.py's spread_kernel); a large whole-job reduce into any
+other out runs as a reduce_scatter then a gather (_Split), which allocates a part of a world-th on
+the heap. Also the plan checks and sizing that p2p.py shares. See docs/collectives.md.
 """
 from __future__ import annotations
 
+from ..allocators.offsets import round_up
 from ..errors import CollectiveError
 from . import puts
 from .builders import pair_state, scatter_push
-from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, position, same_dtype, tensor
+from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, pair, position, same_dtype, tensor, within
 from .config import ReduceOp
-from .kernels.pair import rooted_kernel
-from .plan import Plan, Recent, pair_knobs, pair_split, pow2
+from .kernels.pair import rooted_kernel, spread_kernel
+from .plan import Plan, Recent, knobs, pair_knobs, pair_split, pow2
 
 
 # -- the collectives ---------------------------------------------------------
@@ -32,6 +34,7 @@ def broadcast_src(ccl, pos, src, group) -> int:
 
 
 SPLIT_REDUCE = 4 << 20  # bytes from which a whole-job reduce over 3+ ranks is a reduce_scatter then a gather
+SPREAD = 256 << 10  # bytes from which a reduce or broadcast over 3+ members on heap tensors is spread_kernel's
 
 
 def reduce(ccl, out, inp, dst, op, group, config, launch=True):
@@ -124,12 +127,41 @@ def _checked(ccl, mode, out, inp, root, role, group, config, op):
                     "scatter": f"in place, out must be inp's chunk of this rank's position {me}",
                     "gather": "the root reads inp at the same heap offset on every rank, and inp inside out sits "
                               "at another offset on each; pass a separate heap inp"}[mode])
+    if mode == "reduce" and spreads(ccl, out, inp, len(ranks)):
+        key = ("spread",) + key[1:]
+        plan = ccl.plans.get(key)
+        if plan is None:
+            plan = ccl.plans[key] = _spread(ccl, mode, out, inp, ranks, root, op, knob)
+        return plan
     if mode == "reduce" and _splits(ccl, inp, ranks):
         return _split(ccl, out, inp, root, op, config)
     if plan is None:
         plan = ccl.plans[key] = (puts.plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
                                  _plan(ccl, mode, out, inp, ranks, root, op, knob))
     return plan
+
+
+def spreads(ccl, out, inp, g) -> bool:
+    """Whether a reduce or broadcast over g members runs spread_kernel: 3+ members, from SPREAD bytes, out
+    and inp contiguous and whole in this rank's heap (so, by the collectives' rule, at the same offset
+    on every member)."""
+    return (g > 2 and not ccl.puts and inp.numel() * inp.element_size() >= SPREAD and out.is_contiguous()
+            and inp.is_contiguous() and within(out, ccl.span) and within(inp, ccl.span))
+
+
+def broadcast(ccl, out, inp, ranks, src, config) -> tuple:
+    """A broadcast that spreads (spreads() holds): checked, planned the first time, run. src: a global
+    rank. Returns (plan, per-call flags)."""
+    g = len(ranks)
+    knob = knobs(config)
+    key = ("spread", "broadcast", ranks, src, inp.shape, out.shape, inp.dtype, out.dtype, knob)
+    plan = ccl.plans.get(key)
+    if plan is None:
+        pair("broadcast", out, inp, tuple(inp.shape), ccl.ctx.device, g)
+        plan = ccl.plans[key] = _spread(ccl, "broadcast", out, inp, ranks, ranks.index(src), ReduceOp.SUM, knob)
+    flags = (out.data_ptr() != inp.data_ptr(),)
+    plan(inp, out, flags=flags)
+    return plan, flags
 
 
 def _splits(ccl, inp, ranks) -> bool:
@@ -167,3 +199,18 @@ def _plan(ccl, mode, out, inp, ranks, root, op, knob) -> Plan:
                 members=ccl.groups.members(ranks), counters=counters, seen=seen, n=n, per=per, me=ranks.index(ctx.rank),
                 rank=ctx.rank, root=root, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode, OP=op.value,
                 IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=knob.spin)
+
+
+def _spread(ccl, mode, out, inp, ranks, root, op, knob) -> Plan:
+    """spread_kernel's plan: each of the g - 1 owners' parts 16-element aligned, split over programs."""
+    not_capturing(ccl.ctx.device, f"the first call of a {mode} at a new shape builds small device tensors",
+                  "call it once")
+    ctx, g, n = ccl.ctx, len(ranks), inp.numel()
+    counters, seen = pair_state(ccl)
+    part = round_up(-(-n // (g - 1)), 16)
+    programs, per, block = pair_split(part, inp.dtype, knob, ccl.sms, counters.shape[0])
+    return Plan(spread_kernel, programs, {"num_warps": knob.warps or 8}, (), "spread",
+                ("COPY",) if mode == "broadcast" else (), inp=inp, out=out, members=ccl.groups.members(ranks),
+                counters=counters, seen=seen, n=n, part=part, per=per, me=ranks.index(ctx.rank), rank=ctx.rank,
+                root=root, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode, OP=op.value,
+                IS_FLOAT=inp.dtype.is_floating_point, COPY=False, BLOCK=block, SPIN=knob.spin)

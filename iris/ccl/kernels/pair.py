@@ -71,6 +71,57 @@ def rooted_kernel(inp, out, members, counters, seen, n, per, me, rank, root, wor
     tl.store(seen + pid * world + peer, count + 2, mask=live)
 
 
+@triton.jit(do_not_specialize=["me", "rank", "root"])
+def spread_kernel(inp, out, members, counters, seen, n, part, per, me, rank, root, world,
+                  GROUP: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
+                  IS_FLOAT: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """reduce or broadcast over GROUP >= 3 members with the work spread over the members but the root:
+    the k-th of them (the root left out) owns elements [k * part, (k + 1) * part) of n, so that every
+    rank's links carry about the tensor once each way, where rooted_kernel's root takes in GROUP - 1.
+    "reduce": an owner combines its elements of every member's inp by OP in member order (floats in
+    fp32, rooted_kernel's bits) and stores them into the root's out; "broadcast": an owner copies its
+    elements of the root's inp into its own out and every other owner's, and the root copies inp into
+    its own out where COPY (out is not inp). inp and out: heap tensors, each the same allocation on
+    every member. Every member meets every other twice, "ready" and "done" (as rooted_kernel's); per:
+    elements of a part per program (a multiple of BLOCK)."""
+    VEC: tl.constexpr = 16 // (inp.dtype.element_ty.primitive_bitwidth // 8)
+    pid = tl.program_id(0)
+    row = counters + pid * world
+    mark = seen + pid * world + rank
+    bases = members + GROUP
+    mine = tl.load(bases + me)
+    j = tl.arange(0, PEERS)
+    live = (j < GROUP) & (j != me)
+    peer, delta, count = _members(members, seen + pid * world, j, live, mine, rank, GROUP)
+    ar = tl.arange(0, BLOCK)
+    _meet(row, peer, delta, live, count + 1, mark, rank, SPIN)
+    at_root = _peer_offset(bases, root, mine, VEC)
+    for k in range(0, GROUP - 1):
+        owner = k + (k >= root).to(tl.int32)
+        end = tl.minimum(k * part + part, n)
+        lo = k * part + pid * per
+        hi = tl.minimum(lo + per, end)
+        if owner == me:
+            for s in range(lo, hi, BLOCK):
+                o = s + ar
+                mask = o < hi
+                if MODE == "reduce":
+                    acc = _reduce_ranks(inp, o, mask, bases, mine, GROUP, VEC, OP, IS_FLOAT)
+                    tl.store(out + at_root + o, acc.to(out.dtype.element_ty), mask=mask)
+                else:
+                    x = tl.load(inp + at_root + o, mask=mask)
+                    for q in tl.static_range(GROUP):
+                        far = out + _peer_offset(bases, q, mine, VEC)
+                        tl.store(far + o, x, mask=mask & (o * 0 + q != root))  # a block mask
+        elif COPY and me == root:
+            for s in range(lo, hi, BLOCK):
+                o = s + ar
+                mask = o < hi
+                tl.store(out + o, tl.load(inp + o, mask=mask), mask=mask)
+    _meet(row, peer, delta, live, count + 2, mark, rank, SPIN)
+    tl.store(seen + pid * world + peer, count + 2, mask=live)
+
+
 @triton.jit(do_not_specialize=["rank", "to", "frm"])
 def p2p_kernel(src, dst, counters, seen, heap_bases, n, per, rank, to, frm, world, BLOCK: tl.constexpr,
                SPIN: tl.constexpr):
