@@ -355,7 +355,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.spread_from is not None:
         from iris.ccl import rooted
-        rooted.SPREAD = args.spread_from
+        rooted.SPREAD = dict.fromkeys(rooted.SPREAD, args.spread_from)
     if not 4 * KiB <= args.min_bytes <= args.max_bytes:
         p.error(f"--min-bytes {args.min_bytes} must be at least {4 * KiB} and at most --max-bytes {args.max_bytes}")
     start = time.perf_counter()

@@ -326,7 +326,7 @@ def check_split_reduce(ctx, cfg, dtypes):
 
 def check_spread(ctx, cfg, dtypes, n0, graph=False):
     """reduce and broadcast on heap tensors over 3+ members, the work spread over the members but the root
-    (GPUs take it from SPREAD bytes; on the host SPREAD is 0): the whole job, every rank reversed and on 4
+    (GPUs take it from SPREAD's bytes; on the host from 0): the whole job, every rank reversed and on 4
     ranks B = [1, 2, 3], every root, every reduction, out of place (a heap out) and in place, broadcast
     in both forms; only the root's out changes in a reduce, inp never (but in place); sizes n0 + a few
     elements, parts not a whole number of blocks. graph: also a reduce and a broadcast captured in a CUDA
@@ -334,7 +334,7 @@ def check_spread(ctx, cfg, dtypes, n0, graph=False):
     from iris.ccl import rooted
     keep = rooted.SPREAD
     if ctx.device.type != "cuda":
-        rooted.SPREAD = 0
+        rooted.SPREAD = dict.fromkeys(keep, 0)
     r, w, dev, ccl, bad = ctx.rank, ctx.world, ctx.device, ctx.ccl, []
     every = list(range(w))
     groups = [(None, every), (every[::-1], every[::-1])] + [([1, 2, 3], [1, 2, 3])] * (w == 4)
@@ -607,7 +607,7 @@ def rank_gpu(replays):
     # the default Config (many programs, 16-byte vectors), bf16 (the host runs every dtype): the whole job,
     # every rank reversed, and on 4 ranks A = [0, 2] and B = [1, 2, 3]
     bad = run_all(ctx, dist, [torch.bfloat16], 2, None, (((3 << 16) + 5,), (1000, 129)), groups=4)
-    bad += check_spread(ctx, None, [torch.bfloat16, torch.float32], (1 << 20) + 3, graph=True)
+    bad += check_spread(ctx, None, [torch.bfloat16, torch.float32], (2 << 20) + 3, graph=True)
     shapes = ((1 << 20) - 3,), (999, 65)
     slots = [Slots(ctx, 5, 4 << 20) for _ in range(2)]  # bf16: 2 MiB the largest
     plans = [(None, list(range(ctx.world)), 0)]

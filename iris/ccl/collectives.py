@@ -228,7 +228,7 @@ class CCL:
         elif ranks is not None and src not in ranks:
             raise CollectiveError(f"broadcast: src {src} is not in the group of ranks {list(ranks)}; src is a "
                                   "global rank, as in torch.distributed.broadcast")
-        if rooted.spreads(self, out, inp, self.ctx.world if ranks is None else len(ranks)):
+        if rooted.spreads(self, "broadcast", out, inp, self.ctx.world if ranks is None else len(ranks)):
             ran = rooted.broadcast(self, out, inp, ranks or tuple(range(self.ctx.world)), src, config)
         else:
             ran = self._run("bc", out, inp, ranks, cfg, tuple(inp.shape), src=src)

@@ -34,7 +34,7 @@ def broadcast_src(ccl, pos, src, group) -> int:
 
 
 SPLIT_REDUCE = 4 << 20  # bytes from which a whole-job reduce over 3+ ranks is a reduce_scatter then a gather
-SPREAD = 256 << 10  # bytes from which a reduce or broadcast over 3+ members on heap tensors is spread_kernel's
+SPREAD = {"reduce": 4 << 20, "broadcast": 1 << 20}  # bytes from which, over 3+ members on heap tensors, spread
 
 
 def reduce(ccl, out, inp, dst, op, group, config, launch=True):
@@ -127,7 +127,7 @@ def _checked(ccl, mode, out, inp, root, role, group, config, op):
                     "scatter": f"in place, out must be inp's chunk of this rank's position {me}",
                     "gather": "the root reads inp at the same heap offset on every rank, and inp inside out sits "
                               "at another offset on each; pass a separate heap inp"}[mode])
-    if mode == "reduce" and spreads(ccl, out, inp, len(ranks)):
+    if mode == "reduce" and spreads(ccl, "reduce", out, inp, len(ranks)):
         key = ("spread",) + key[1:]
         plan = ccl.plans.get(key)
         if plan is None:
@@ -141,11 +141,11 @@ def _checked(ccl, mode, out, inp, root, role, group, config, op):
     return plan
 
 
-def spreads(ccl, out, inp, g) -> bool:
-    """Whether a reduce or broadcast over g members runs spread_kernel: 3+ members, from SPREAD bytes, out
-    and inp contiguous and whole in this rank's heap (so, by the collectives' rule, at the same offset
-    on every member)."""
-    return (g > 2 and not ccl.puts and inp.numel() * inp.element_size() >= SPREAD and out.is_contiguous()
+def spreads(ccl, mode, out, inp, g) -> bool:
+    """Whether a reduce or broadcast (mode) over g members runs spread_kernel: 3+ members, from SPREAD[mode]
+    bytes (below, the rooted and pull kernels took less time at 4 ranks), out and inp contiguous and
+    whole in this rank's heap (so, by the collectives' rule, at the same offset on every member)."""
+    return (g > 2 and not ccl.puts and inp.numel() * inp.element_size() >= SPREAD[mode] and out.is_contiguous()
             and inp.is_contiguous() and within(out, ccl.span) and within(inp, ccl.span))
 
 
@@ -194,7 +194,8 @@ def _plan(ccl, mode, out, inp, ranks, root, op, knob) -> Plan:
     ctx, g = ccl.ctx, len(ranks)
     counters, seen = pair_state(ccl)
     n = out.numel() if mode == "scatter" else inp.numel()
-    programs, per, block = pair_split(n, inp.dtype, knob, ccl.sms, counters.shape[0])
+    programs, per, block = pair_split(n, inp.dtype, _sized(knob, n, inp.element_size(), ccl), ccl.sms,
+                                      counters.shape[0])
     return Plan(rooted_kernel, programs, {"num_warps": knob.warps or 8}, inp=inp, out=out,
                 members=ccl.groups.members(ranks), counters=counters, seen=seen, n=n, per=per, me=ranks.index(ctx.rank),
                 rank=ctx.rank, root=root, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode, OP=op.value,
@@ -208,9 +209,19 @@ def _spread(ccl, mode, out, inp, ranks, root, op, knob) -> Plan:
     ctx, g, n = ccl.ctx, len(ranks), inp.numel()
     counters, seen = pair_state(ccl)
     part = round_up(-(-n // (g - 1)), 16)
-    programs, per, block = pair_split(part, inp.dtype, knob, ccl.sms, counters.shape[0])
+    programs, per, block = pair_split(part, inp.dtype, _sized(knob, part, inp.element_size(), ccl), ccl.sms,
+                                      counters.shape[0])
     return Plan(spread_kernel, programs, {"num_warps": knob.warps or 8}, (), "spread",
                 ("COPY",) if mode == "broadcast" else (), inp=inp, out=out, members=ccl.groups.members(ranks),
                 counters=counters, seen=seen, n=n, part=part, per=per, me=ranks.index(ctx.rank), rank=ctx.rank,
                 root=root, world=ctx.world, GROUP=g, PEERS=pow2(g), MODE=mode, OP=op.value,
                 IS_FLOAT=inp.dtype.is_floating_point, COPY=False, BLOCK=block, SPIN=knob.spin)
+
+
+def _sized(knob, n, itemsize, ccl):
+    """knob with its block (Config.block_size, where set) sized for about a program per SM: 4 to 16 KiB, so
+    that a small call's reads spread over many SMs and each thread still moves 16 bytes a step."""
+    if knob.block:
+        return knob
+    share = -(-n * itemsize // (knob.sms or ccl.sms))
+    return knob._replace(block=min(16 << 10, max(4 << 10, 1 << (share - 1).bit_length())) // itemsize)
