@@ -220,7 +220,7 @@ class CCL:
         cfg = self._config(config)
         if cfg.use_gluon:
             raise ConfigError("broadcast has no Gluon kernel here (Config.use_gluon=True); set use_gluon=False")
-        ranks = self.groups.of(group, "broadcast")[0]
+        ranks, g = self.groups.of(group, "broadcast")
         if iris_form:
             inp, src = out, rooted.broadcast_src(self, inp, src, group)
         elif isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.ctx.world:
@@ -228,8 +228,8 @@ class CCL:
         elif ranks is not None and src not in ranks:
             raise CollectiveError(f"broadcast: src {src} is not in the group of ranks {list(ranks)}; src is a "
                                   "global rank, as in torch.distributed.broadcast")
-        if rooted.spreads(self, "broadcast", out, inp, self.ctx.world if ranks is None else len(ranks)):
-            ran = rooted.broadcast(self, out, inp, ranks or tuple(range(self.ctx.world)), src, config)
+        if rooted.spreads(self, "broadcast", out, inp, g):
+            ran = rooted.broadcast(self, out, inp, ranks or tuple(range(g)), src, config)
         else:
             ran = self._run("bc", out, inp, ranks, cfg, tuple(inp.shape), src=src)
         if ran is not None:

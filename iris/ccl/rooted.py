@@ -224,4 +224,4 @@ def _sized(knob, n, itemsize, ccl):
     if knob.block:
         return knob
     share = -(-n * itemsize // (knob.sms or ccl.sms))
-    return knob._replace(block=min(16 << 10, max(4 << 10, 1 << (share - 1).bit_length())) // itemsize)
+    return knob._replace(block=min(16 << 10, max(4 << 10, pow2(share))) // itemsize)
