@@ -13,9 +13,9 @@ the bottleneck), "graph" replays those calls captured in one CUDA graph. all_red
 one-shot and two-shot; NCCL all_reduce; torch.ops.symm_mem one_shot_all_reduce and
 two_shot_all_reduce_ (multicast off). all_gather, reduce_scatter (sizes are per rank's input / output)
 and all_to_all (size: one rank's whole input) against NCCL's all_gather_into_tensor,
-reduce_scatter_tensor and all_to_all_single; all_gather and all_to_all also in both forms of their
-kernel at every size, one exchange (Config.pull_segments=1) and pipelined (builders.SEGMENTS, and any
---pull-segments), whatever the default picks there. Every iris result is checked once per size: data movement
+reduce_scatter_tensor and all_to_all_single; all_gather, all_to_all and reduce_scatter also in both
+forms of their kernel at every size, one exchange (Config.pull_segments=1) and pipelined
+(builders.SEGMENTS, and any --pull-segments), whatever the default picks there. Every iris result is checked once per size: data movement
 against NCCL's, exactly; a sum against NCCL's at 2 ranks, past 2 within the rounding any order of
 addition may make (sum_and_bound).
 
@@ -209,15 +209,15 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
 
 
 def pull_forms(segments=()):
-    """(name, Config) of all_gather pull's and all_to_all's two kernels: one exchange, and pipelined with
-    the default most segments per program, then with each count in segments."""
+    """(name, Config) of the two forms of all_gather pull, all_to_all and reduce_scatter: one exchange,
+    and pipelined with the default most segments per program, then with each count in segments."""
     return [("one_exchange", Config(pull_segments=1)), ("pipelined", Config(pull_segments=builders.SEGMENTS))] + [
         (f"pipelined_s{k}", Config(pull_segments=k)) for k in segments if k != builders.SEGMENTS]
 
 
 def _form(ctx, mode):
-    """Which of pull_forms' kernels the one plan of `mode` built so far runs: "one_exchange" or "pipelined"."""
-    return ",".join(sorted({{"one_shot": "one_exchange"}.get(p.variant, p.variant)
+    """Which of pull_forms' forms the one plan of `mode` built so far runs: "one_exchange" or "pipelined"."""
+    return ",".join(sorted({{"one_shot": "one_exchange", "two_shot": "one_exchange"}.get(p.variant, p.variant)
                             for k, p in ctx.ccl.plans.items() if k[0] == mode}))
 
 
@@ -239,10 +239,11 @@ def move_rows(ctx, timer, sizes, gpu, segments=()):
         row["all_gather_auto"] = _form(ctx, "ag")
         dist.reduce_scatter_tensor(ref_p, big)
         ctx.ccl.reduce_scatter(part, big)
+        row["reduce_scatter_auto"] = _form(ctx, "rs")
         # bf16 sums of 2 ranks round alike on GPUs; past 2 NCCL adds in another order (sum_and_bound)
         row["all_gather_checked"] = torch.equal(gathered, ref_g)
-        row["reduce_scatter_checked"] = within(part, *sum_and_bound(big, w, gpu, scatter=True)) and (
-            torch.equal(part, ref_p) or w > 2 or not gpu)
+        bound = sum_and_bound(big, w, gpu, scatter=True)
+        row["reduce_scatter_checked"] = within(part, *bound) and (torch.equal(part, ref_p) or w > 2 or not gpu)
         ok = row["all_gather_checked"] and row["reduce_scatter_checked"]
         timer.both(row, "iris_all_gather", lambda: ctx.ccl.all_gather(gathered, x), calls)
         timer.both(row, "nccl_all_gather", lambda: dist.all_gather_into_tensor(ref_g, x), calls)
@@ -268,6 +269,13 @@ def move_rows(ctx, timer, sizes, gpu, segments=()):
             row[f"all_gather_{form}_checked"] = torch.equal(gathered, ref_g)
             ok = ok and row[f"all_gather_{form}_checked"]
             timer.both(row, f"iris_all_gather_{form}", lambda c=cfg: ctx.ccl.all_gather(gathered, x, config=c), calls)
+            part.fill_(-1)
+            ctx.ccl.reduce_scatter(part, big, config=cfg)
+            row[f"reduce_scatter_{form}_checked"] = within(part, *bound) and (torch.equal(part, ref_p) or w > 2
+                                                                              or not gpu)
+            ok = ok and row[f"reduce_scatter_{form}_checked"]
+            timer.both(row, f"iris_reduce_scatter_{form}", lambda c=cfg: ctx.ccl.reduce_scatter(part, big, config=c),
+                       calls)
             if a2a_in is not None:
                 a2a_out.fill_(-1)
                 ctx.ccl.all_to_all(a2a_out, a2a_in, config=cfg)
@@ -701,12 +709,12 @@ def table(ar, moves):
     forms = [k[len("iris_all_gather_"):-len("_graph_us")] for k in (moves[0] if moves else {})
              if k.startswith("iris_all_gather_") and k.endswith("_graph_us") and k != "iris_all_gather_graph_us"]
     if forms:
-        lines.append("all_gather, all_to_all bf16 by pull form, graph us: " + " / ".join(forms) + " / nccl "
+        lines.append("all_gather, reduce_scatter, all_to_all bf16 by form, graph us: " + " / ".join(forms) + " / nccl "
                      "(auto: the form the default ran)")
         for r in moves:
             cells = ["/".join(f(r.get(f"iris_{k}_{form}_graph_us")).strip() for form in forms)
                      + f"/{f(r.get(f'nccl_{k}_graph_us')).strip()} auto={r.get(k + '_auto', '-')}"
-                     for k in ("all_gather", "all_to_all")]
+                     for k in ("all_gather", "reduce_scatter", "all_to_all")]
             lines.append(f"{r['bytes']:>10}   " + "   ".join(cells))
     return "\n".join(lines)
 
@@ -720,7 +728,8 @@ def main(argv=None) -> int:
     p.add_argument("--moves-only", action="store_true",
                    help="only all_gather, reduce_scatter and all_to_all (no host costs, two_shot_push sweep, all_reduce)")
     p.add_argument("--pull-segments", default="",
-                   help="comma list: all_gather and all_to_all also pipelined with at most these segments per program")
+                   help="comma list: all_gather, all_to_all and reduce_scatter also pipelined with at most these "
+                        "segments per program")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--dry-run", action="store_true", help="host: tiny sizes, gloo, no graphs")
     p.add_argument("--sweep-variants", action="store_true",

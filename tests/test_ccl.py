@@ -118,8 +118,9 @@ def check_split_broadcast(ctx, cfg):
 
 
 def check_pipelined(ctx, reps, cfgs, rows=(13, 11), dtype=torch.float32, one=True, lag=0.02):
-    """all_gather and all_to_all staged in segments that the peers read while the next is staged (GPUs take
-    it from builders.PIPELINE_BYTES of inp), forced at every size here. reps back to back calls per Config
+    """all_gather and all_to_all staged in segments that the peers read while the next is staged, and
+    reduce_scatter reducing a segment while it stores the next (GPUs take them from
+    builders.PIPELINE_BYTES of inp), forced at every size here. reps back to back calls per Config
     of cfgs, new data each, outputs poisoned, over both copies of the stage, one rank `lag` seconds late in
     turn (a read that runs ahead of its peer's staging finds stale data); the pipelined plan must be what
     ran. one: also pull_segments=1, which must keep one exchange."""
@@ -144,10 +145,15 @@ def check_pipelined(ctx, reps, cfgs, rows=(13, 11), dtype=torch.float32, one=Tru
                 ctx.ccl.all_to_all(out, xs[r], config=cfg)
                 want = torch.cat([x[:, r * c:(r + 1) * c] for x in xs], 1)
                 bad += [] if _same(out, want) else [("pipelined all_to_all",) + tag]
-            for mode, shape, got in (("ag", (m, c), (w * m, c)), ("a2a", (m, c * w), (m, c * w))):
+                xs = [_data((w * m, c), dtype, q, rep + 70, dev) for q in range(w)]
+                out = _poisoned((m, c), dtype, dev)
+                ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
+                bad += [] if _same(out, _reduce(xs, ReduceOp.SUM)[r * m:(r + 1) * m]) else [("pipelined rs",) + tag]
+            for mode, shape, got in (("ag", (m, c), (w * m, c)), ("a2a", (m, c * w), (m, c * w)),
+                                     ("rs", (w * m, c), (m, c))):
                 plan = ctx.ccl.plans.get((mode, ReduceOp.SUM, torch.Size(shape), torch.Size(got), dtype, cfg.key(), 0))
                 ran = getattr(plan, "variant", None)
-                if ran != ("one_shot" if single else "pipelined"):
+                if ran != ("pipelined" if not single else "one_shot" if mode != "rs" else "two_shot"):
                     bad.append((mode, "ran", ran, cfg.pull_segments))
         ctx.ccl.free()
     finally:
@@ -372,18 +378,20 @@ def _progress(ctx, what):
 
 
 def pipelined_wrong(ctx, rows, cfg, reps):
-    """reps back to back all_gathers and all_to_alls of (rows) bf16 blocks (the pipelined form must be what
-    runs), new data each call from three sets, outputs poisoned, every element checked on the device (no
-    host sync between calls); returns the wrong calls and the plans' variants."""
+    """reps back to back all_gathers, all_to_alls and reduce_scatters of (rows) bf16 blocks a rank (the
+    pipelined form must be what runs), new data each call from three sets, outputs poisoned, every element
+    checked on the device (no host sync between calls); returns the wrong calls and the plans' variants."""
     r, w, dev = ctx.rank, ctx.world, ctx.device
     m, c = rows
     wrong = torch.zeros((), dtype=torch.int32, device=dev)
     ran = set()
-    for mode in ("ag", "a2a"):
-        shape = (m, c) if mode == "ag" else (m, c * w)
-        sets = [[_data(shape, torch.bfloat16, q, 20 * k + (mode == "a2a"), dev) for q in range(w)] for k in range(3)]
+    for i, mode in enumerate(("ag", "a2a", "rs")):
+        shape = {"ag": (m, c), "a2a": (m, c * w), "rs": (w * m, c)}[mode]
+        sets = [[_data(shape, torch.bfloat16, q, 20 * k + i, dev) for q in range(w)] for k in range(3)]
         if mode == "ag":
             call, wants = ctx.ccl.all_gather, [torch.cat(xs) for xs in sets]
+        elif mode == "rs":
+            call, wants = ctx.ccl.reduce_scatter, [_reduce(xs, ReduceOp.SUM)[r * m:(r + 1) * m] for xs in sets]
         else:
             call, wants = ctx.ccl.all_to_all, [torch.cat([x[:, r * c:(r + 1) * c] for x in xs], 1) for xs in sets]
         out = torch.empty_like(wants[0])
@@ -461,7 +469,7 @@ def rank_gpu(reps, replays):
         if wrong.item():
             bad.append(("repeat", n, wrong.item()))
     _progress(ctx, "repeats checked")
-    # the pipelined all_gather and all_to_all (from builders.PIPELINE_BYTES, or forced): several segments per
+    # the pipelined all_gather, all_to_all and reduce_scatter (from builders.PIPELINE_BYTES, or forced): several segments per
     # program, the last program's last one short (a partial block) then empty, 32 MiB and 64 MiB by default
     ctx.ccl.free()
     for rows, cfg in (((1000, 129), Config(pull_segments=4, block_size=1024, comm_sms=16)), ((16384, 1024), None),
@@ -470,7 +478,7 @@ def rank_gpu(reps, replays):
         if wrong or ran != {"pipelined"}:
             bad.append(("pipelined", rows, wrong, ran))
         ctx.ccl.free()
-    _progress(ctx, "pipelined all_gather and all_to_all checked")
+    _progress(ctx, "pipelined all_gather, all_to_all and reduce_scatter checked")
     # CUDA graph: captured once, replayed many times with new data copied into the captured input
     for n, cfg in ((8192, configs[0]), (1 << 20, configs[1]), (3 << 20, None)):
         x = torch.empty(n, dtype=torch.bfloat16, device=dev)

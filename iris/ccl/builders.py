@@ -292,13 +292,16 @@ def _workspace(ccl, programs, chunks, cs, dtype, rows):
 
 
 def scatter_push(ccl, out, inp, op, cfg):
-    """reduce_scatter two_shot: every rank stores each peer's chunk into a slot of that peer's stage."""
+    """reduce_scatter two_shot: every rank stores each peer's chunk into a slot of that peer's stage, in
+    segments where pipeline() says so."""
     ctx, w, n = ccl.ctx, ccl.ctx.world, out.numel()
-    programs, per, block, cs, (stage, flags, counters) = _staged(ccl, n, w, inp, cfg)
-    return Plan(scatter_push_kernel, programs, options(cfg, 8), (stage, flags, counters), "two_shot",
+    programs, per, block, cs = _sizes(n, inp, cfg)
+    seg = pipeline("rs", inp, cfg, w, per, block) or per
+    stage, flags, counters = workspace = _workspace(ccl, programs, w, cs, inp.dtype, -(-per // seg))
+    return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, "pipelined" if seg < per else "two_shot",
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
-                n=n, cs=cs, per=per, parity_stride=w * cs, rank=ctx.rank, WORLD=w, PEERS=pow2(w), OP=op.value,
-                IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit)
+                n=n, cs=cs, per=per, seg=seg, parity_stride=w * cs, rank=ctx.rank, WORLD=w, PEERS=pow2(w),
+                OP=op.value, IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit)
 
 
 def broadcast(ccl, out, inp, cfg, src):
@@ -333,11 +336,11 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
 
 
 def pipeline(mode, inp, cfg, w, per, block) -> int:
-    """Elements per segment of all_gather pull and all_to_all staged in segments (pipelined_kernel), or
-    0 for one exchange (pull_kernel): Config.pull_segments (1: one exchange; k >= 2: at most k
-    segments per program), where 0 SEGMENTS from PIPELINE_BYTES of inp on, one exchange below.
-    Other collectives, and a job of one rank, take one exchange."""
-    if mode not in ("ag", "a2a") or w == 1:
+    """Elements per segment of all_gather pull and all_to_all staged in segments (pipelined_kernel) and
+    of reduce_scatter two_shot (scatter_push_kernel), or 0 for one exchange: Config.pull_segments (1:
+    one exchange; k >= 2: at most k segments per program), where 0 SEGMENTS from PIPELINE_BYTES of inp
+    on, one exchange below. Other collectives, and a job of one rank, take one exchange."""
+    if mode not in ("ag", "a2a", "rs") or w == 1:
         return 0
     most = cfg.pull_segments or (SEGMENTS if inp.numel() * inp.element_size() >= PIPELINE_BYTES else 1)
     return segment(per, block, most) if most > 1 else 0

@@ -1,10 +1,11 @@
 """Collectives by remote stores only: the push all_reduce (one or two shots), reduce_scatter (the first
-shot alone) and the push all_gather (persistent: each program stores its range into every rank;
-partitioned: the programs are split by destination rank)."""
+shot alone, its local reduce pipelined with the stores on large inputs) and the push all_gather
+(persistent: each program stores its range into every rank; partitioned: the programs are split by
+destination rank)."""
 import triton
 import triton.language as tl
 
-from .common import _combine, _epoch, _exchange, _peer_offset, _signal_wait, _start
+from .common import _combine, _epoch, _exchange, _peer_offset, _signal, _signal_wait, _start, _wait_peers
 
 
 @triton.jit
@@ -88,32 +89,55 @@ def _reduce_slots(own, slots, stride, mask, rank, WORLD: tl.constexpr, OP: tl.co
 
 
 @triton.jit
-def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity_stride, rank,
+def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, seg, parity_stride, rank,
                         WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
                         BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """reduce_scatter by remote stores: rank r stores chunk q of its input (the n elements at q * n) into
-    slot r of peer q's stage (slots cs apart), exchanges one flag, then reduces its own chunk from its
-    input and the WORLD-1 slots (_reduce_slots). The input is read once and never copied locally (a
-    pull would stage all of it first). Peers are taken in turn from rank + 1, so no rank receives from
-    every other at once. The stage alternates between two copies (parity_stride apart) by epoch
-    parity, so one exchange is enough, as in push_kernel's one shot."""
+    slot r of peer q's stage (slots cs apart), and reduces its own chunk from its input and the WORLD-1
+    slots (_reduce_slots). The input is read once and never copied locally (a pull would stage all of
+    it first). Program p's range of a chunk, [p * per, p * per + per), is cut into cdiv(per, seg)
+    segments (seg a multiple of BLOCK; seg = per: one exchange): the program stores segment 0 and
+    signals it, then for each segment j waits for every peer's signal of j and, in one loop, reduces
+    segment j while it stores segment j + 1 into the peers, then signals j + 1, so the local reduce runs
+    beside the stores over the links. Segment j's flags are row j * programs + p. Peers are taken in
+    turn from rank + 1, so no rank receives from every other at once. The stage alternates between two
+    copies (parity_stride apart) by epoch parity: program p writes a peer's copy e % 2 in call e only
+    after it waited, in call e - 1, for all that peer's program p's signals, raised after its reduce of
+    call e - 2 ended."""
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
+    programs = tl.num_programs(0)
+    segs = tl.cdiv(per, seg)
     buf = stage + (e % 2) * parity_stride
     ar = tl.arange(0, BLOCK)
-    for s in range(lo, hi, BLOCK):
-        i = s + ar
-        mask = i < hi
-        for j in tl.static_range(1, WORLD):
-            q = (rank + j) % WORLD
-            x = tl.load(inp + q * n + i, mask=mask)
-            tl.store(buf + _peer_offset(heap_bases, q, mine, VEC) + rank * cs + i, x, mask=mask)
-    _exchange(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS, SPIN)
-    for s in range(lo, hi, BLOCK):
-        i = s + ar
-        mask = i < hi
-        acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
-        tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
+    for s in range(lo, tl.minimum(lo + seg, hi), BLOCK):
+        o = s + ar
+        _scatter(inp, buf, heap_bases, mine, n, cs, rank, o, o < hi, WORLD, VEC)
+    _signal(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    for j in range(segs):
+        row = flags + (j * programs + pid) * WORLD
+        _wait_peers(row, e, rank, WORLD, PEERS, SPIN)
+        a = lo + j * seg
+        # segment j + 1 is empty unless segment j is whole: segment j's blocks cover both
+        for s in range(a, tl.minimum(a + seg, hi), BLOCK):
+            i = s + ar
+            mask = i < hi
+            acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
+            o = i + seg
+            _scatter(inp, buf, heap_bases, mine, n, cs, rank, o, o < hi, WORLD, VEC)
+            tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
+        if j + 1 < segs:
+            _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
+
+
+@triton.jit
+def _scatter(inp, buf, heap_bases, mine, n, cs, rank, o, mask, WORLD: tl.constexpr, VEC: tl.constexpr):
+    """Elements o (where mask holds) of every peer's chunk of inp into this rank's slot of that peer's
+    stage buf, from rank + 1 on."""
+    for j in tl.static_range(1, WORLD):
+        q = (rank + j) % WORLD
+        x = tl.load(inp + q * n + o, mask=mask)
+        tl.store(buf + _peer_offset(heap_bases, q, mine, VEC) + rank * cs + o, x, mask=mask)
 
 
 @triton.jit
