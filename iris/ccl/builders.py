@@ -30,6 +30,7 @@ SPLIT_BROADCAST = _MiB  # bytes from which a broadcast over 3+ ranks is a scatte
 # the pipelined form from 64 MiB (247 against 277; 880 against 1036 at 256 MiB)
 PIPELINE_BYTES = 32 * _MiB
 SEGMENTS = 4  # the pipelined form's most segments per program where Config.pull_segments is 0 (4 led 8 and 16 at 64 MiB)
+PUSHED = True  # the pipelined all_gather and all_to_all store into the peers (scatter_push_kernel), else read them
 
 
 def all_reduce(ccl, out, inp, op, cfg) -> Plan:
@@ -69,7 +70,7 @@ def whole(ccl, mode, out, inp, op, cfg, src=0) -> Plan:
     if mode == "rst":
         return tile_reduce_scatter(ccl, out, inp, op, cfg)
     if mode == "rs":
-        return scatter_push(ccl, out, inp, op, cfg)
+        return scatter_push(ccl, mode, out, inp, op, cfg)
     if mode == "bc" and ccl.ctx.world > 2 and inp.numel() * inp.element_size() >= SPLIT_BROADCAST:
         return broadcast(ccl, out, inp, cfg, src)
     return pull(ccl, mode, out, inp, op, cfg, src)
@@ -291,17 +292,20 @@ def _workspace(ccl, programs, chunks, cs, dtype, rows):
     return stage, flags, counters
 
 
-def scatter_push(ccl, out, inp, op, cfg):
-    """reduce_scatter two_shot: every rank stores each peer's chunk into a slot of that peer's stage, in
-    segments where pipeline() says so."""
-    ctx, w, n = ccl.ctx, ccl.ctx.world, out.numel()
+def scatter_push(ccl, mode, out, inp, op, cfg, seg=0):
+    """reduce_scatter two_shot, and the pipelined all_gather and all_to_all where PUSHED: every rank
+    stores each peer's part into a slot of that peer's stage, in segments of seg elements (0: where
+    pipeline() says so)."""
+    ctx, w = ccl.ctx, ccl.ctx.world
+    n = elements(mode, out, inp, w)
     programs, per, block, cs = _sizes(n, inp, cfg)
-    seg = pipeline("rs", inp, cfg, w, per, block) or per
+    seg = seg or pipeline(mode, inp, cfg, w, per, block) or per
     stage, flags, counters = workspace = _workspace(ccl, programs, w, cs, inp.dtype, -(-per // seg))
-    return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, "pipelined" if seg < per else "two_shot",
+    return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, "two_shot" if seg == per and mode == "rs" else "pipelined",
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
-                n=n, cs=cs, per=per, seg=seg, parity_stride=w * cs, rank=ctx.rank, WORLD=w, PEERS=pow2(w),
-                OP=op.value, IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit)
+                n=n, cs=cs, per=per, seg=seg, parity_stride=w * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
+                rank=ctx.rank, WORLD=w, PEERS=pow2(w), MODE=mode, OP=op.value, IS_FLOAT=inp.dtype.is_floating_point,
+                BLOCK=block, SPIN=cfg.spin_limit)
 
 
 def broadcast(ccl, out, inp, cfg, src):
@@ -324,6 +328,8 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
     chunks = w if mode == "a2a" else 1
     programs, per, block, cs = _sizes(n, inp, cfg)
     seg = pipeline(mode, inp, cfg, w, per, block)
+    if seg and PUSHED:
+        return scatter_push(ccl, mode, out, inp, op, cfg, seg)
     rows = -(-per // seg) if seg else 1  # a flag row per segment
     stage, flags, counters = workspace = _workspace(ccl, programs, chunks, cs, inp.dtype, rows)
     args = dict(inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),

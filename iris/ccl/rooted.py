@@ -68,7 +68,7 @@ def _split(ccl, out, inp, dst, op, config) -> _Split:
         part = ccl.ctx.empty(n // w, dtype=inp.dtype)
         flat = out.view(-1)
         gather = _plan(ccl, "gather", flat, part, tuple(range(w)), dst, ReduceOp.SUM, pair_knobs(config))
-        plan = ccl.plans[key] = _Split(scatter_push(ccl, part, inp.view(-1), op, cfg), gather, part)
+        plan = ccl.plans[key] = _Split(scatter_push(ccl, "rs", part, inp.view(-1), op, cfg), gather, part)
     return plan
 
 

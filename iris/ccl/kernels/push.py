@@ -1,11 +1,11 @@
-"""Collectives by remote stores only: the push all_reduce (one or two shots), reduce_scatter (the first
-shot alone, its local reduce pipelined with the stores on large inputs) and the push all_gather
-(persistent: each program stores its range into every rank; partitioned: the programs are split by
-destination rank)."""
+"""Collectives by remote stores only: the push all_reduce (one or two shots); reduce_scatter (the first
+shot alone) and the large all_gather and all_to_all, each rank's local pass pipelined with its stores
+into the peers; and the push all_gather's persistent and partitioned variants (each program stores
+its range into every rank, or the programs are split by destination rank)."""
 import triton
 import triton.language as tl
 
-from .common import _combine, _epoch, _exchange, _peer_offset, _signal, _signal_wait, _start, _wait_peers
+from .common import _a2a_index, _combine, _epoch, _exchange, _peer_offset, _signal, _signal_wait, _start, _wait_peers
 
 
 @triton.jit
@@ -89,21 +89,22 @@ def _reduce_slots(own, slots, stride, mask, rank, WORLD: tl.constexpr, OP: tl.co
 
 
 @triton.jit
-def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, seg, parity_stride, rank,
-                        WORLD: tl.constexpr, PEERS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr,
-                        BLOCK: tl.constexpr, SPIN: tl.constexpr):
-    """reduce_scatter by remote stores: rank r stores chunk q of its input (the n elements at q * n) into
-    slot r of peer q's stage (slots cs apart), and reduces its own chunk from its input and the WORLD-1
-    slots (_reduce_slots). The input is read once and never copied locally (a pull would stage all of
-    it first). Program p's range of a chunk, [p * per, p * per + per), is cut into cdiv(per, seg)
-    segments (seg a multiple of BLOCK; seg = per: one exchange): the program stores segment 0 and
-    signals it, then for each segment j waits for every peer's signal of j and, in one loop, reduces
-    segment j while it stores segment j + 1 into the peers, then signals j + 1, so the local reduce runs
-    beside the stores over the links. Segment j's flags are row j * programs + p. Peers are taken in
-    turn from rank + 1, so no rank receives from every other at once. The stage alternates between two
-    copies (parity_stride apart) by epoch parity: program p writes a peer's copy e % 2 in call e only
-    after it waited, in call e - 1, for all that peer's program p's signals, raised after its reduce of
-    call e - 2 ended."""
+def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, seg, parity_stride, cols, rank,
+                        WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
+                        IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """reduce_scatter ("rs"), all_gather ("ag") and all_to_all ("a2a") by remote stores: rank r stores
+    what peer q gets of its input (chunk q of n elements at q * n, all of inp, or column block q) into
+    slot r of q's stage (slots cs apart), and builds out from its own part and the WORLD-1 slots of its
+    stage: reduced in rank order (_reduce_slots) or copied into place. Program p's range of a chunk,
+    [p * per, p * per + per), is cut into cdiv(per, seg) segments (seg a multiple of BLOCK; seg = per:
+    one exchange): the program stores segment 0 and signals it, then for each segment j waits for every
+    peer's signal of j and, in one loop, builds segment j of out while it stores segment j + 1 into the
+    peers, then signals j + 1, so the local pass runs beside the stores over the links (on NVLink,
+    posted writes reach more bandwidth than loads that wait for their data). Segment j's flags are
+    row j * programs + p. Peers are taken in turn from rank + 1, so no rank receives from every other at
+    once. cols: columns per rank ("a2a"). The stage alternates between two copies (parity_stride apart)
+    by epoch parity: program p writes a peer's copy e % 2 in call e only after it waited, in call e - 1,
+    for all that peer's program p's signals, raised after its reads of call e - 2 ended."""
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
     programs = tl.num_programs(0)
@@ -112,7 +113,7 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per
     ar = tl.arange(0, BLOCK)
     for s in range(lo, tl.minimum(lo + seg, hi), BLOCK):
         o = s + ar
-        _scatter(inp, buf, heap_bases, mine, n, cs, rank, o, o < hi, WORLD, VEC)
+        _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
     _signal(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
     for j in range(segs):
         row = flags + (j * programs + pid) * WORLD
@@ -122,22 +123,49 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per
         for s in range(a, tl.minimum(a + seg, hi), BLOCK):
             i = s + ar
             mask = i < hi
-            acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
             o = i + seg
-            _scatter(inp, buf, heap_bases, mine, n, cs, rank, o, o < hi, WORLD, VEC)
-            tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
+            if MODE == "rs":
+                acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
+                _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
+                tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
+            else:
+                _unstage(out, buf, n, cs, cols, rank, i, mask, WORLD, MODE)
+                _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
         if j + 1 < segs:
             _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
 
 
 @triton.jit
-def _scatter(inp, buf, heap_bases, mine, n, cs, rank, o, mask, WORLD: tl.constexpr, VEC: tl.constexpr):
-    """Elements o (where mask holds) of every peer's chunk of inp into this rank's slot of that peer's
-    stage buf, from rank + 1 on."""
+def _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, mask, WORLD: tl.constexpr, MODE: tl.constexpr,
+             VEC: tl.constexpr):
+    """Elements o (where mask holds) of what each peer gets of inp into this rank's slot of that peer's
+    stage buf, from rank + 1 on; this rank's own part straight into out ("ag", "a2a")."""
+    if MODE == "ag":
+        x = tl.load(inp + o, mask=mask)
+        tl.store(out + rank * n + o, x, mask=mask)
+    elif MODE == "a2a":
+        own = _a2a_index(o, rank, cols, WORLD)
+        tl.store(out + own, tl.load(inp + own, mask=mask), mask=mask)
     for j in tl.static_range(1, WORLD):
         q = (rank + j) % WORLD
-        x = tl.load(inp + q * n + o, mask=mask)
+        if MODE == "rs":
+            x = tl.load(inp + q * n + o, mask=mask)
+        elif MODE == "a2a":
+            x = tl.load(inp + _a2a_index(o, q, cols, WORLD), mask=mask)
         tl.store(buf + _peer_offset(heap_bases, q, mine, VEC) + rank * cs + o, x, mask=mask)
+
+
+@triton.jit
+def _unstage(out, buf, n, cs, cols, rank, i, mask, WORLD: tl.constexpr, MODE: tl.constexpr):
+    """Elements i (where mask holds) of every peer's slot of this rank's stage buf into their place in
+    out: rows q * n on ("ag"), column block q ("a2a")."""
+    for j in tl.static_range(1, WORLD):
+        q = (rank + j) % WORLD
+        y = tl.load(buf + q * cs + i, mask=mask)
+        if MODE == "ag":
+            tl.store(out + q * n + i, y, mask=mask)
+        else:
+            tl.store(out + _a2a_index(i, q, cols, WORLD), y, mask=mask)
 
 
 @triton.jit
