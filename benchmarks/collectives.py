@@ -210,11 +210,9 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
 
 def pull_forms(segments=()):
     """(name, Config) of the two forms of all_gather pull, all_to_all and reduce_scatter: one exchange,
-    and pipelined with the default most segments per program, then with each count in segments; last
-    all_gather's and all_to_all's pipelined form by reads of the peers' stages (builders.PUSHED off)."""
+    and pipelined with the default most segments per program, then with each count in segments."""
     return [("one_exchange", Config(pull_segments=1)), ("pipelined", Config(pull_segments=builders.SEGMENTS))] + [
-        (f"pipelined_s{k}", Config(pull_segments=k)) for k in segments if k != builders.SEGMENTS] + [
-        ("pipelined_reads", Config(pull_segments=builders.SEGMENTS))]
+        (f"pipelined_s{k}", Config(pull_segments=k)) for k in segments if k != builders.SEGMENTS]
 
 
 def _form(ctx, mode):
@@ -266,7 +264,6 @@ def move_rows(ctx, timer, sizes, gpu, segments=()):
             timer.both(row, "nccl_all_to_all", lambda: dist.all_to_all_single(flat_out, flat_in), calls)
         ctx.ccl.free()
         for form, cfg in pull_forms(segments) if w > 1 else ():  # one rank has no peers: one exchange only
-            builders.PUSHED = form != "pipelined_reads"  # read when a plan is built: the first call of a form
             gathered.fill_(-1)
             ctx.ccl.all_gather(gathered, x, config=cfg)
             row[f"all_gather_{form}_checked"] = torch.equal(gathered, ref_g)
@@ -279,10 +276,6 @@ def move_rows(ctx, timer, sizes, gpu, segments=()):
                 ok = ok and row[f"all_to_all_{form}_checked"]
                 timer.both(row, f"iris_all_to_all_{form}", lambda c=cfg: ctx.ccl.all_to_all(a2a_out, a2a_in, config=c),
                            calls)
-            builders.PUSHED = True
-            if form == "pipelined_reads":  # reduce_scatter has no such form
-                ctx.ccl.free()
-                continue
             part.fill_(-1)
             ctx.ccl.reduce_scatter(part, big, config=cfg)
             row[f"reduce_scatter_{form}_checked"] = within(part, *bound) and (torch.equal(part, ref_p) or w > 2

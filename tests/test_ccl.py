@@ -127,7 +127,7 @@ def check_pipelined(ctx, reps, cfgs, rows=(13, 11), dtype=torch.float32, one=Tru
     from iris.ccl import builders
     r, w, dev = ctx.rank, ctx.world, ctx.device
     m, c = rows
-    keep, builders.PIPELINE_BYTES = builders.PIPELINE_BYTES, 0
+    keep, builders.PIPELINE_BYTES = builders.PIPELINE_BYTES, dict.fromkeys(builders.PIPELINE_BYTES, 0)
     bad = []
     try:
         for cfg in cfgs + [Config(block_size=16, comm_sms=2, pull_segments=1)] * one:
@@ -266,7 +266,7 @@ def check_pipelined_gives_up(ctx):
     from iris.ccl import builders, waits
     cfg = Config(block_size=16, comm_sms=2, pull_segments=3, spin_limit=20)
     x, out = torch.ones(13, 11, device=ctx.device), _poisoned((ctx.world * 13, 11), torch.float32, ctx.device)
-    keep, builders.PIPELINE_BYTES = builders.PIPELINE_BYTES, 0
+    keep, builders.PIPELINE_BYTES = builders.PIPELINE_BYTES, dict.fromkeys(builders.PIPELINE_BYTES, 0)
     try:
         plan = ctx.ccl.all_gather_preamble(out, x, config=cfg)
     finally:

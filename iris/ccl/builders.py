@@ -12,7 +12,7 @@ import torch
 
 from ..allocators.offsets import round_up
 from .kernels.accumulate import accumulate_kernel
-from .kernels.pull import broadcast_kernel, pipelined_kernel, pull_kernel
+from .kernels.pull import broadcast_kernel, pull_kernel
 from .kernels.push import gather_push_kernel, push_kernel, scatter_push_kernel
 from .kernels.ring import ring_gather_kernel, ring_kernel, ring_reduce_scatter_kernel
 from .kernels.shots import two_shot_kernel
@@ -24,13 +24,15 @@ from . import puts
 
 _KiB, _MiB = 1 << 10, 1 << 20
 SPLIT_BROADCAST = _MiB  # bytes from which a broadcast over 3+ ranks is a scatter then an all_gather
-# bytes of inp from which all_gather pull and all_to_all stage in segments overlapped with the peers'
-# reads (pipelined_kernel), below which one exchange (pull_kernel) keeps small calls' latency. 2x H200
-# (collectives_pull-gpu-2ranks.json): one exchange led at 16 MiB (all_gather 80.6 against 91.0 us),
-# the pipelined form from 64 MiB (247 against 277; 880 against 1036 at 256 MiB)
-PIPELINE_BYTES = 32 * _MiB
-SEGMENTS = 4  # the pipelined form's most segments per program where Config.pull_segments is 0 (4 led 8 and 16 at 64 MiB)
-PUSHED = True  # the pipelined all_gather and all_to_all store into the peers (scatter_push_kernel), else read them
+# bytes of inp from which all_gather pull, all_to_all and reduce_scatter two_shot store into the peers in
+# segments, each rank's local pass over one beside its stores of the next (scatter_push_kernel), below
+# which one exchange keeps small calls' latency. 2 and 4x H200 (collectives_pull-gpu-*ranks.json), graph
+# us at 2 / 4 ranks, one exchange against pipelined: all_gather 4 MiB 23.7 / 48.9 against 26.7 / 52.3,
+# 16 MiB 79.1 / 191 against 74.7 / 163; all_to_all 16 MiB 46.1 / 58.5 against 50.0 / 63.3, 64 MiB
+# 165 / 211 against 129 / 170; reduce_scatter 32 MiB of inp at 2 ranks 75.8 against 81.1, 64 MiB at 4
+# 186 against 168
+PIPELINE_BYTES = {"ag": 16 * _MiB, "a2a": 32 * _MiB, "rs": 64 * _MiB}
+SEGMENTS = 4  # the pipelined form's most segments per program where Config.pull_segments is 0
 
 
 def all_reduce(ccl, out, inp, op, cfg) -> Plan:
@@ -293,15 +295,16 @@ def _workspace(ccl, programs, chunks, cs, dtype, rows):
 
 
 def scatter_push(ccl, mode, out, inp, op, cfg, seg=0):
-    """reduce_scatter two_shot, and the pipelined all_gather and all_to_all where PUSHED: every rank
-    stores each peer's part into a slot of that peer's stage, in segments of seg elements (0: where
-    pipeline() says so)."""
+    """reduce_scatter two_shot ("rs"), and the pipelined all_gather and all_to_all: every rank stores
+    each peer's part into a slot of that peer's stage, in segments of seg elements (0: where pipeline()
+    says so)."""
     ctx, w = ccl.ctx, ccl.ctx.world
     n = elements(mode, out, inp, w)
     programs, per, block, cs = _sizes(n, inp, cfg)
     seg = seg or pipeline(mode, inp, cfg, w, per, block) or per
     stage, flags, counters = workspace = _workspace(ccl, programs, w, cs, inp.dtype, -(-per // seg))
-    return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, "two_shot" if seg == per and mode == "rs" else "pipelined",
+    variant = "two_shot" if seg == per and mode == "rs" else "pipelined"
+    return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, variant,
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, cs=cs, per=per, seg=seg, parity_stride=w * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
                 rank=ctx.rank, WORLD=w, PEERS=pow2(w), MODE=mode, OP=op.value, IS_FLOAT=inp.dtype.is_floating_point,
@@ -322,33 +325,30 @@ def broadcast(ccl, out, inp, cfg, src):
 
 def pull(ccl, mode, out, inp, op, cfg, src=0):
     """all_reduce one_shot, all_gather pull, all_to_all and broadcast: stage, exchange, read the peers;
-    all_gather and all_to_all staged in segments where pipeline() says so."""
+    all_gather and all_to_all in scatter_push's pipelined form where pipeline() says so."""
     ctx, w = ccl.ctx, ccl.ctx.world
     n = elements(mode, out, inp, w)
     chunks = w if mode == "a2a" else 1
     programs, per, block, cs = _sizes(n, inp, cfg)
     seg = pipeline(mode, inp, cfg, w, per, block)
-    if seg and PUSHED:
+    if seg:
         return scatter_push(ccl, mode, out, inp, op, cfg, seg)
-    rows = -(-per // seg) if seg else 1  # a flag row per segment
-    stage, flags, counters = workspace = _workspace(ccl, programs, chunks, cs, inp.dtype, rows)
+    stage, flags, counters = workspace = _workspace(ccl, programs, chunks, cs, inp.dtype, 1)
     args = dict(inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, cs=cs, per=per, parity_stride=chunks * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
                 rank=ctx.rank, WORLD=w, PEERS=pow2(w), MODE=mode, BLOCK=block, SPIN=cfg.spin_limit)
-    if seg:
-        return Plan(pipelined_kernel, programs, options(cfg, 8), workspace, "pipelined", seg=seg, **args)
     return Plan(pull_kernel, programs, options(cfg, 8), workspace, "one_shot", src=src, OP=op.value,
                 IS_FLOAT=inp.dtype.is_floating_point, **args)
 
 
 def pipeline(mode, inp, cfg, w, per, block) -> int:
-    """Elements per segment of all_gather pull and all_to_all staged in segments (pipelined_kernel) and
-    of reduce_scatter two_shot (scatter_push_kernel), or 0 for one exchange: Config.pull_segments (1:
-    one exchange; k >= 2: at most k segments per program), where 0 SEGMENTS from PIPELINE_BYTES of inp
-    on, one exchange below. Other collectives, and a job of one rank, take one exchange."""
+    """Elements per segment of all_gather pull, all_to_all and reduce_scatter two_shot in their pipelined
+    form (scatter_push_kernel), or 0 for one exchange: Config.pull_segments (1: one exchange; k >= 2: at
+    most k segments per program), where 0 SEGMENTS from PIPELINE_BYTES[mode] of inp on, one exchange
+    below. Other collectives, and a job of one rank, take one exchange."""
     if mode not in ("ag", "a2a", "rs") or w == 1:
         return 0
-    most = cfg.pull_segments or (SEGMENTS if inp.numel() * inp.element_size() >= PIPELINE_BYTES else 1)
+    most = cfg.pull_segments or (SEGMENTS if inp.numel() * inp.element_size() >= PIPELINE_BYTES[mode] else 1)
     return segment(per, block, most) if most > 1 else 0
 
 

@@ -1,11 +1,10 @@
 """The pull kernels: all_reduce one-shot, all_gather, all_to_all and broadcast by staging this rank's
-input, one flag exchange, and reading the peers' staged copies; large all_gathers and all_to_alls
-with the staging in segments, each read by the peers while the next is staged; and the large
-broadcast over more than two ranks, a scatter then an all_gather (two exchanges)."""
+input, one flag exchange, and reading the peers' staged copies; and the large broadcast over more than
+two ranks, a scatter then an all_gather (two exchanges)."""
 import triton
 import triton.language as tl
 
-from .common import _a2a_index, _exchange, _peer_offset, _reduce_ranks, _signal, _start, _wait_peers
+from .common import _a2a_index, _exchange, _peer_offset, _reduce_ranks, _start
 
 
 @triton.jit
@@ -71,96 +70,6 @@ def pull_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, parity
                 else:
                     x = tl.load(peer + rank * cs + o, mask=mask)
                     tl.store(out + _a2a_index(o, q, cols, WORLD), x, mask=mask)
-
-
-@triton.jit
-def pipelined_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, seg, parity_stride, cols, rank,
-                     WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr,
-                     SPIN: tl.constexpr):
-    """pull_kernel's all_gather ("ag") and all_to_all ("a2a") with the staging overlapped with the
-    peers' reads. Program p's range of a chunk, [p * per, p * per + per), is cut into cdiv(per, seg)
-    segments of seg elements (a multiple of BLOCK; the last may be short, a last program's empty).
-    The program stages segment 0 and signals it; then for each segment j it waits for every peer's
-    signal of j and, in one loop, reads segment j from every peer while it stages segment j + 1 (the
-    local copy's loads in flight beside the reads over the links), then signals j + 1. Segment j's
-    flags are row j * programs + p (WORLD slots; iris/ccl/waits.py names it "wait j + 1 of the
-    call"). Other parameters as pull_kernel's.
-
-    The stage's two copies alternate by epoch parity, and only program p of each peer reads program
-    p's range. A rank's program p writes copy e % 2 in call e only after it waited, in call e - 1, for
-    every peer's signals of that call; each peer's program p raised them after all its reads of call
-    e - 2, the last reads of that copy's range."""
-    tl.static_assert(WORLD > 1)
-    VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
-    pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
-    programs = tl.num_programs(0)
-    segs = tl.cdiv(per, seg)
-    buf = stage + (e % 2) * parity_stride
-    ar = tl.arange(0, BLOCK)
-    for s in range(lo, tl.minimum(lo + seg, hi), BLOCK):
-        o = s + ar
-        _stage(inp, out, buf, n, cs, cols, rank, o, o < hi, WORLD, MODE)
-    _signal(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
-    for j in range(segs):
-        row = flags + (j * programs + pid) * WORLD
-        _wait_peers(row, e, rank, WORLD, PEERS, SPIN)
-        a = lo + j * seg
-        # segment j + 1 is empty unless segment j is whole: segment j's blocks cover both
-        for s in range(a, tl.minimum(a + seg, hi), BLOCK):
-            r = s + ar
-            o = r + seg
-            _step(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, r, r < hi, WORLD, MODE, VEC)
-        if j + 1 < segs:
-            _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
-
-
-@triton.jit
-def _stage(inp, out, buf, n, cs, cols, rank, o, mask, WORLD: tl.constexpr, MODE: tl.constexpr):
-    """Elements o (where mask holds) of this rank's chunks from inp into the stage buf, its own part
-    straight into out, as pull_kernel stages them ("ag": one chunk; "a2a": a column block per rank)."""
-    if MODE == "a2a":
-        for i in tl.static_range(WORLD):
-            c = (rank + i) % WORLD
-            at = _a2a_index(o, c, cols, WORLD)
-            x = tl.load(inp + at, mask=mask)
-            if i == 0:
-                tl.store(out + at, x, mask=mask)
-            else:
-                tl.store(buf + c * cs + o, x, mask=mask)
-    else:
-        x = tl.load(inp + o, mask=mask)
-        tl.store(buf + o, x, mask=mask)
-        tl.store(out + rank * n + o, x, mask=mask)
-
-
-@triton.jit
-def _step(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, staged, r, read, WORLD: tl.constexpr,
-          MODE: tl.constexpr, VEC: tl.constexpr):
-    """One step of pipelined_kernel: _stage of elements o where staged holds, and elements r of every
-    peer's staged chunk for this rank into out where read holds, from rank + 1 on. Each load is issued
-    before the stores of the loads before it, so that a step's local and remote loads are in flight
-    together (the compiler keeps loads and stores that may alias in program order)."""
-    if MODE == "a2a":
-        own = _a2a_index(o, rank, cols, WORLD)  # the own column block goes straight to out
-        x0 = tl.load(inp + own, mask=staged)
-        for i in tl.static_range(1, WORLD):
-            c = (rank + i) % WORLD
-            at = _a2a_index(o, c, cols, WORLD)
-            x = tl.load(inp + at, mask=staged)
-            y = tl.load(buf + _peer_offset(heap_bases, c, mine, VEC) + rank * cs + r, mask=read)
-            if i == 1:
-                tl.store(out + own, x0, mask=staged)
-            tl.store(buf + c * cs + o, x, mask=staged)
-            tl.store(out + _a2a_index(r, c, cols, WORLD), y, mask=read)
-    else:
-        x = tl.load(inp + o, mask=staged)
-        for i in tl.static_range(1, WORLD):
-            q = (rank + i) % WORLD
-            y = tl.load(buf + _peer_offset(heap_bases, q, mine, VEC) + r, mask=read)
-            if i == 1:
-                tl.store(buf + o, x, mask=staged)
-                tl.store(out + rank * n + o, x, mask=staged)
-            tl.store(out + q * n + r, y, mask=read)
 
 
 @triton.jit
