@@ -12,7 +12,8 @@ rank and an epoch counter in this rank's memory; it increments its counter (so C
 advance it too; every warp reads it before one thread stores it back, or a late warp would run the
 next call's epoch), writes the new epoch into row p, slot `rank`, of every peer's flags with release at
 sys scope, and spins with acquire until its own row holds that epoch from every peer (the pipelined
-pull owns a row per segment: signalled once the segment is staged, waited for before it is read). Flags only
+forms own a row per segment: signalled once the segment is stored into the peers, waited for before
+it is read). Flags only
 grow (the rings' 0/1 hand-overs return to 0 by themselves), so nothing is ever reset. Program p of
 one rank waits only for program p of the others (every rank splits the work the same way), never for
 a program of its own launch, so the Triton interpreter, which runs programs one after another, works
