@@ -126,11 +126,11 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per
             o = i + seg
             if MODE == "rs":
                 acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
-                _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
-                tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
             else:
                 _unstage(out, buf, n, cs, cols, rank, i, mask, WORLD, MODE)
-                _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
+            _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
+            if MODE == "rs":
+                tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
         if j + 1 < segs:
             _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
 
