@@ -71,7 +71,7 @@ def whole(ccl, mode, out, inp, op, cfg, src=0) -> Plan:
         return ring_reduce_scatter(ccl, out, inp, op, cfg, mode == "rst")
     if mode == "rst":
         return tile_reduce_scatter(ccl, out, inp, op, cfg)
-    if mode == "rs":
+    if mode == "rs" or pipelined(mode, inp, cfg, ccl.ctx.world):
         return scatter_push(ccl, mode, out, inp, op, cfg)
     if mode == "bc" and ccl.ctx.world > 2 and inp.numel() * inp.element_size() >= SPLIT_BROADCAST:
         return broadcast(ccl, out, inp, cfg, src)
@@ -294,14 +294,13 @@ def _workspace(ccl, programs, chunks, cs, dtype, rows):
     return stage, flags, counters
 
 
-def scatter_push(ccl, mode, out, inp, op, cfg, seg=0):
+def scatter_push(ccl, mode, out, inp, op, cfg):
     """reduce_scatter two_shot ("rs"), and the pipelined all_gather and all_to_all: every rank stores
-    each peer's part into a slot of that peer's stage, in segments of seg elements (0: where pipeline()
-    says so)."""
+    each peer's part into a slot of that peer's stage, in segments where pipelined() says so."""
     ctx, w = ccl.ctx, ccl.ctx.world
     n = elements(mode, out, inp, w)
     programs, per, block, cs = _sizes(n, inp, cfg)
-    seg = seg or pipeline(mode, inp, cfg, w, per, block) or per
+    seg = segment(per, block, cfg.pull_segments or SEGMENTS) if pipelined(mode, inp, cfg, w) else per
     stage, flags, counters = workspace = _workspace(ccl, programs, w, cs, inp.dtype, -(-per // seg))
     variant = "two_shot" if seg == per and mode == "rs" else "pipelined"
     return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, variant,
@@ -324,15 +323,12 @@ def broadcast(ccl, out, inp, cfg, src):
 
 
 def pull(ccl, mode, out, inp, op, cfg, src=0):
-    """all_reduce one_shot, all_gather pull, all_to_all and broadcast: stage, exchange, read the peers;
-    all_gather and all_to_all in scatter_push's pipelined form where pipeline() says so."""
+    """all_reduce one_shot, all_gather pull, all_to_all and broadcast in one exchange: stage, exchange,
+    read the peers."""
     ctx, w = ccl.ctx, ccl.ctx.world
     n = elements(mode, out, inp, w)
     chunks = w if mode == "a2a" else 1
     programs, per, block, cs = _sizes(n, inp, cfg)
-    seg = pipeline(mode, inp, cfg, w, per, block)
-    if seg:
-        return scatter_push(ccl, mode, out, inp, op, cfg, seg)
     stage, flags, counters = workspace = _workspace(ccl, programs, chunks, cs, inp.dtype, 1)
     args = dict(inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
                 n=n, cs=cs, per=per, parity_stride=chunks * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
@@ -341,15 +337,14 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
                 IS_FLOAT=inp.dtype.is_floating_point, **args)
 
 
-def pipeline(mode, inp, cfg, w, per, block) -> int:
-    """Elements per segment of all_gather pull, all_to_all and reduce_scatter two_shot in their pipelined
-    form (scatter_push_kernel), or 0 for one exchange: Config.pull_segments (1: one exchange; k >= 2: at
-    most k segments per program), where 0 SEGMENTS from PIPELINE_BYTES[mode] of inp on, one exchange
-    below. Other collectives, and a job of one rank, take one exchange."""
-    if mode not in ("ag", "a2a", "rs") or w == 1:
-        return 0
-    most = cfg.pull_segments or (SEGMENTS if inp.numel() * inp.element_size() >= PIPELINE_BYTES[mode] else 1)
-    return segment(per, block, most) if most > 1 else 0
+def pipelined(mode, inp, cfg, w) -> bool:
+    """Whether all_gather pull, all_to_all or reduce_scatter two_shot (mode) runs its pipelined form
+    (scatter_push_kernel in segments): Config.pull_segments >= 2 (at most that many segments per
+    program), or 0 and PIPELINE_BYTES[mode] of inp or more (at most SEGMENTS); 1, or less inp: one
+    exchange. Other collectives, and a job of one rank, take one exchange."""
+    if mode not in PIPELINE_BYTES or w == 1:
+        return False
+    return (cfg.pull_segments or (SEGMENTS if inp.numel() * inp.element_size() >= PIPELINE_BYTES[mode] else 1)) > 1
 
 
 def pair_state(ccl) -> tuple:
