@@ -120,7 +120,7 @@ def check(name, got, want):
 
 def _variants():
     """label -> FusedConfig, per op. streamed_<chunks>: that many chunks per owner's rows (all_reduce,
-    reduce_scatter, matmul_all_gather); ccl: the GEMM, then ctx.ccl's collective; streamed_2_ccl32:
+    reduce_scatter, matmul_all_gather; one chunk still overlaps the peers' blocks or rows with the copies); ccl: the GEMM, then ctx.ccl's collective; streamed_2_ccl32:
     matmul_all_reduce's chunks reduced by ctx.ccl.all_reduce on 32 programs instead of the copy
     engines; fused_bn64: narrower tiles (more
     waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot kernel (Iris's
@@ -129,13 +129,13 @@ def _variants():
         return FusedConfig(**{**dict(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8,
                                      all_reduce_variant="one_shot"), **kw})
     ccl = {"ccl": F(variant="ccl")}
-    chunked = {f"streamed_{c}": F(variant="streamed", chunks=c) for c in (2, 3, 4)}
+    chunked = {f"streamed_{c}": F(variant="streamed", chunks=c) for c in (1, 2, 3, 4)}
     return {"ag": {"fused": F(variant="fused"), "streamed": F(variant="streamed"), **ccl},
             "mag": {"fused": F(variant="fused"), **chunked, **ccl},
             "rs": {"fused": F(variant="fused"), **chunked, **ccl},
             "ar": {"fused": F(variant="fused"), "two_shot": F(variant="fused", all_reduce_variant="two_shot"), **ccl,
                    "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
-                   **{f"streamed_{c}": F(variant="streamed", chunks=c) for c in (1, 2, 3, 4)},
+                   **chunked,
                    "streamed_2_ccl32": F(variant="streamed", chunks=2, comm_sms=32)}}
 
 

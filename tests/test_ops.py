@@ -1,6 +1,7 @@
 """Fused GEMM + communication (ctx.ops) on real ranks, checked element by element against torch's
 matmul plus the collective done by hand (every rank builds every rank's inputs from one seed)."""
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -296,7 +297,7 @@ def test_matmul_all_gather_bias_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["fused", "streamed", "ccl"])
 def test_fused_ops_gpu_repeated_calls_replay(variant):
-    out = iris.spawn(rank_ops_repeat, 2, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6,
+    out = iris.spawn(rank_ops_repeat, 4 if torch.cuda.device_count() >= 4 else 2, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6,
                                                FusedConfig(variant=variant, chunks=2)))
     for r, errs in enumerate(out):
         assert not errs, f"rank {r}: {errs}"
@@ -386,11 +387,11 @@ def test_default_variant_rules():
     """What config=None runs on GPUs, by shape and ranks (K = N = 8192, M output rows; gemm_comm.py)."""
     from iris.ops import default_variant
     K = N = 8192
-    for w, M, want in ((2, 128, "ccl"), (2, 256, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"),
-                       (4, 128, "ccl"), (3, 8192, "ccl")):
+    for w, M, want in ((2, 128, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (2, 8192, "streamed"), (4, 2048, "ccl"),
+                       (4, 4096, "streamed"), (3, 2048, "ccl"), (3, 3072, "streamed")):
         assert default_variant("ar", w, M, N, M, K // w) == want, ("ar", w, M)
-    for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "ccl"), (4, 1024, "fused"), (4, 4096, "fused"),
-                       (4, 8192, "streamed")):
+    for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "ccl"), (4, 1024, "fused"), (4, 2048, "fused"),
+                       (4, 4096, "streamed")):
         assert default_variant("rs", w, M // w, N, M, K // w) == want, ("rs", w, M)
     for w, M, want in ((2, 512, "fused"), (2, 1024, "streamed"), (4, 512, "ccl"), (4, 2048, "ccl"),
                        (4, 4096, "streamed")):
@@ -399,7 +400,45 @@ def test_default_variant_rules():
                        (4, 512, "ccl"), (4, 1024, "streamed"), (4, 4096, "streamed"), (4, 8192, "fused")):
         assert default_variant("ag", w, M, N, M // w, K) == want, ("ag", w, M)
     from iris.ops import streamed_chunks
-    for kind, owner, w, want in (("rs", 1024, 2, 2), ("rs", 2048, 2, 2), ("rs", 4096, 2, 4), ("rs", 2048, 4, 3),
-                                 ("ar", 1024, 2, 2), ("ar", 2048, 2, 4), ("mag", 1024, 2, 2), ("mag", 4096, 2, 4),
-                                 ("mag", 1024, 4, 2), ("mag", 2048, 4, 4), ("ag", 4096, 2, 1)):
+    for kind, owner, w, want in (("rs", 1024, 2, 2), ("rs", 2048, 2, 2), ("rs", 4096, 2, 4), ("rs", 2048, 4, 2),
+                                 ("ar", 1024, 2, 2), ("ar", 2048, 2, 4), ("ar", 2048, 4, 2), ("mag", 1024, 2, 2),
+                                 ("mag", 4096, 2, 4), ("mag", 2048, 4, 2), ("ag", 4096, 2, 1)):
         assert streamed_chunks(kind, owner, w) == want, (kind, owner, w)
+
+
+def rank_streamed_absent(dtype):
+    """A streamed matmul_all_gather whose peer never calls (it builds the workspace, which is collective):
+    the opening handshake gives up at the spin limit and leaves the call's flags set, so the call ends
+    (on a GPU its stream waits would otherwise hold the streams for ever) and the next barrier raises
+    WaitTimeout on the rank that called, naming the peer, once."""
+    os.environ["IRIS_SPIN_LIMIT"] = "20000"
+    ctx = iris.iris(heap_size=1 << 24)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    cfg = FusedConfig(variant="streamed", chunks=2)
+    a, b = torch.randn(16, 32, device=dev).to(dtype), torch.randn(32, 24, device=dev).to(dtype)
+    out = ctx.empty((w * 16, 24), dtype=dtype)
+    ws = ctx.ops.matmul_all_gather_preamble(out, a, b, config=cfg)
+    if r == 0:
+        ctx.ops.matmul_all_gather(out, a, b, config=cfg, workspace=ws)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    try:
+        ctx.barrier()
+        raised = ""
+    except iris.WaitTimeout as e:
+        raised = str(e)
+    ctx.barrier()  # raised once: the next barrier passes
+    ctx.close()
+    return raised
+
+
+@pytest.mark.parametrize("where", ["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_streamed_peer_never_calls(where):
+    if where == "gpu" and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    raised = iris.spawn(rank_streamed_absent, 2, args=(torch.bfloat16 if where == "gpu" else torch.float32,),
+                        timeout=300)
+    assert raised[1] == "", raised
+    # one fault: the handshake's; the chunks' waits found their flags set and passed
+    assert raised[0].startswith("rank 0:") and "which rank 1 should have set" in raised[0], raised
+    assert "more faults" not in raised[0], raised

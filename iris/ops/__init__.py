@@ -20,12 +20,11 @@ Three implementations (FusedConfig.variant): "fused", one persistent Triton kern
 by chunks of rows with copy-engine transfers on side streams (streamed.py); "ccl", the GEMM then
 ctx.ccl's collective (unfused.py). With config=None iris
 picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
-matmul_all_gather from STREAMED_MIN_ROWS rows and for a row-layout matmul_reduce_scatter from
-STREAMED_MIN_MACS (both times (world / 2)^2 beyond 2 ranks); below them matmul_all_gather is fused
-on 2 ranks and "ccl" beyond, matmul_reduce_scatter "ccl" on 2 ranks and beyond 2 fused ("ccl" below
+matmul_all_gather from STREAMED_MIN_ROWS * (world / 2)^2 rows and for a row-layout matmul_reduce_scatter
+from STREAMED_MIN_MACS * world / 2; below them matmul_all_gather is fused on 2 ranks and "ccl" beyond, matmul_reduce_scatter "ccl" on 2 ranks and beyond 2 fused ("ccl" below
 RS_CCL_MAX_MACS). all_gather_matmul is "ccl" below AG_CCL_MAX_MACS, streamed below
-AG_STREAMED_MAX_MACS (twice that beyond 2 ranks), fused from there. matmul_all_reduce is "ccl"
-except on 2 ranks from AR_STREAMED_MIN_ROWS rows (streamed). The host always runs fused.
+AG_STREAMED_MAX_MACS (twice that beyond 2 ranks), fused from there. matmul_all_reduce is streamed
+from AR_STREAMED_MIN_ROWS * world / 2 rows, "ccl" below. The host always runs fused.
 """
 from __future__ import annotations
 
@@ -51,21 +50,23 @@ from .workspace import FusedWorkspace
 
 # where "streamed" and "ccl" are chosen, and the chunks: benchmarks/gemm_comm.py (results/gemm_comm-fused-gpu-*.json)
 STREAMED_MIN_ROWS = 1024  # matmul_all_gather: output rows from which streamed is the default
-AR_STREAMED_MIN_ROWS = 2048  # matmul_all_reduce, 2 ranks: streamed from these rows, "ccl" below and beyond 2 ranks
+AR_STREAMED_MIN_ROWS = 2048  # matmul_all_reduce: streamed from these rows times world / 2, "ccl" below
 STREAMED_MIN_MACS = 1 << 35  # matmul_reduce_scatter (row layout): multiply-adds from which streamed is
 AG_STREAMED_MAX_MACS = 1 << 38  # all_gather_matmul: streamed below these multiply-adds, the fused kernel from them
 AG_CCL_MAX_MACS = 1 << 36  # all_gather_matmul: "ccl" below these multiply-adds
 RS_CCL_MAX_MACS = 1 << 34  # matmul_reduce_scatter beyond 2 ranks: "ccl" below these, fused from them
 CHUNK_ROWS = 512  # streamed: chunks per owner's rows of about this many, 2 to 4 (one chunk cannot overlap)
 RS_CHUNK_ROWS = 1024  # matmul_reduce_scatter's on 2 ranks (2 chunks led 4 at 2048 rows an owner)
-RS_CHUNKS_BEYOND_2 = 3  # matmul_reduce_scatter's beyond 2 ranks (3 led 2 and 4 at 2048 rows an owner, 4 ranks)
+CHUNKS_BEYOND_2 = 2  # beyond 2 ranks (4 ranks: 2 led 3 and 4 from 1024 rows an owner)
 
 
 def streamed_chunks(kind: str, owner_rows: int, world: int = 2) -> int:
     """The default chunks of a streamed op whose ranks each own owner_rows rows of the output."""
-    if kind == "rs" and world > 2:
-        return RS_CHUNKS_BEYOND_2
-    return 1 if kind == "ag" else min(4, max(2, owner_rows // (RS_CHUNK_ROWS if kind == "rs" else CHUNK_ROWS)))
+    if kind == "ag":
+        return 1
+    if world > 2:
+        return CHUNKS_BEYOND_2
+    return min(4, max(2, owner_rows // (RS_CHUNK_ROWS if kind == "rs" else CHUNK_ROWS)))
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
 # matmul_all_reduce's variants that only the tile-API kernel runs (Iris's atomic and spinlock add each tile
 # into every rank's zeroed output; ring reduces the published partials around the ring)
@@ -83,14 +84,13 @@ __all__ = ["FusedConfig", "FusedWorkspace", "OpsNamespace", "all_gather_matmul",
 def default_variant(kind: str, world: int, rows: int, cols: int, a_rows: int, inner: int) -> str:
     """The variant config=None runs on GPUs for an op (kind "ag", "mag", "rs", "ar") with an output of
     rows x cols and A of a_rows x inner on each of world ranks (module docstring; docs/performance.md)."""
-    grow = (world / 2) ** 2  # from 3 ranks on, the communication's share grows: larger shapes before streaming
-    if kind == "ar":  # the matmul then ctx.ccl.all_reduce led the overlapped forms at 4 ranks, and below 2048 rows at 2
-        return "streamed" if world == 2 and rows >= AR_STREAMED_MIN_ROWS else "ccl"
+    if kind == "ar":  # the matmul then ctx.ccl.all_reduce led below 2048 rows at 2 ranks, below 4096 at 4
+        return "streamed" if rows >= AR_STREAMED_MIN_ROWS * world / 2 else "ccl"
     if kind == "mag":
-        return "streamed" if rows >= STREAMED_MIN_ROWS * grow else "fused" if world == 2 else "ccl"
+        return "streamed" if rows >= STREAMED_MIN_ROWS * (world / 2) ** 2 else "fused" if world == 2 else "ccl"
     if kind == "rs":
         macs = a_rows * cols * inner
-        return ("streamed" if macs >= STREAMED_MIN_MACS * grow else
+        return ("streamed" if macs >= STREAMED_MIN_MACS * world / 2 else
                 "ccl" if world == 2 or macs < RS_CCL_MAX_MACS else "fused")
     macs = rows * cols * inner
     return ("ccl" if macs < AG_CCL_MAX_MACS else
