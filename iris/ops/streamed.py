@@ -4,8 +4,8 @@ peers' heap views), ordered by per-chunk flags on the heap.
 
 The persistent kernels pay for communication with SM time: each program pushes its tile after
 computing it, which slows the GEMM itself (benchmarks/gemm_comm.py; docs/performance.md). Here no SM
-moves data; SMs only add the partials of a chunk, beyond the first peer's, while cuBLAS works on the
-next chunk.
+moves data; beyond 2 ranks one kernel on the caller's stream sums a chunk's partials from the peers
+before cuBLAS adds this rank's.
 Eager calls replay a CUDA graph of the whole sequence once the same tensors come back (dozens of
 launches then cost one); under the caller's own capture the sequence is captured as it is.
 
