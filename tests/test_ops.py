@@ -94,6 +94,11 @@ def rank_ops(dtype, M, N, K, config, heap_size, bad_shapes=False):
             iris.ops.matmul_all_gather(ctx, out, ins[r][0].to(dev), Bg.to(dev), bias=ins[r][1].to(dev), config=cfg)
             errors.append(_close(f"matmul_all_gather bias {cfg} call {call}", out, biased, dtype))
     ctx.barrier()
+    if dev.type == "cpu":  # every flag a streamed call set was consumed (a flag left set would let a wait pass early)
+        left = [ws["kind"] for ws in ctx.ops._workspaces.values() if ws.get("op") == "streamed"
+                and bool(ws["flags"].ne(0).any())]
+        if left:
+            errors.append(f"streamed workspaces with flags still set after their calls: {left}")
     ctx.close()
     return [e for e in errors if e]
 
