@@ -15,9 +15,9 @@ two_shot_all_reduce_ (multicast off). all_gather, reduce_scatter (sizes are per 
 and all_to_all (size: one rank's whole input) against NCCL's all_gather_into_tensor,
 reduce_scatter_tensor and all_to_all_single; all_gather, all_to_all and reduce_scatter also in both
 forms of their kernel at every size, one exchange (Config.pull_segments=1) and pipelined
-(builders.SEGMENTS, and any --pull-segments), whatever the default picks there. Every iris result is checked once per size: data movement
-against NCCL's, exactly; a sum against NCCL's at 2 ranks, past 2 within the rounding any order of
-addition may make (sum_and_bound).
+(builders.SEGMENTS, and any --pull-segments), whatever the default picks there. Every iris result is
+checked once per size: data movement against NCCL's, exactly; a sum against NCCL's at 2 ranks, past 2
+within the rounding any order of addition may make (sum_and_bound).
 
     python -m iris.run -n 2 benchmarks/collectives.py --sweep-variants [--sizes 4K,64K,1M,16M,64M]
 

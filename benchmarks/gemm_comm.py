@@ -120,7 +120,8 @@ def check(name, got, want):
 
 def _variants():
     """label -> FusedConfig, per op. streamed_<chunks>: that many chunks per owner's rows (all_reduce,
-    reduce_scatter, matmul_all_gather; one chunk still overlaps the peers' blocks or rows with the copies); ccl: the GEMM, then ctx.ccl's collective; streamed_2_ccl32:
+    reduce_scatter, matmul_all_gather; one chunk still overlaps the peers' blocks or rows with the
+    copies); ccl: the GEMM, then ctx.ccl's collective; streamed_2_ccl32:
     matmul_all_reduce's chunks reduced by ctx.ccl.all_reduce on 32 programs instead of the copy
     engines; fused_bn64: narrower tiles (more
     waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot kernel (Iris's

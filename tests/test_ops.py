@@ -302,8 +302,9 @@ def test_matmul_all_gather_bias_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["fused", "streamed", "ccl"])
 def test_fused_ops_gpu_repeated_calls_replay(variant):
-    out = iris.spawn(rank_ops_repeat, 4 if torch.cuda.device_count() >= 4 else 2, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6,
-                                               FusedConfig(variant=variant, chunks=2)))
+    world = 4 if torch.cuda.device_count() >= 4 else 2
+    out = iris.spawn(rank_ops_repeat, world, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6,
+                                                   FusedConfig(variant=variant, chunks=2)))
     for r, errs in enumerate(out):
         assert not errs, f"rank {r}: {errs}"
 

@@ -20,8 +20,9 @@ Three implementations (FusedConfig.variant): "fused", one persistent Triton kern
 by chunks of rows with copy-engine transfers on side streams (streamed.py); "ccl", the GEMM then
 ctx.ccl's collective (unfused.py). With config=None iris
 picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
-matmul_all_gather from STREAMED_MIN_ROWS * (world / 2)^2 rows and for a row-layout matmul_reduce_scatter
-from STREAMED_MIN_MACS * world / 2; below them matmul_all_gather is fused on 2 ranks and "ccl" beyond, matmul_reduce_scatter "ccl" on 2 ranks and beyond 2 fused ("ccl" below
+matmul_all_gather from STREAMED_MIN_ROWS * (world / 2)^2 rows and for a row-layout
+matmul_reduce_scatter from STREAMED_MIN_MACS * world / 2; below them matmul_all_gather is fused on 2
+ranks and "ccl" beyond, matmul_reduce_scatter "ccl" on 2 ranks and beyond 2 fused ("ccl" below
 RS_CCL_MAX_MACS). all_gather_matmul is "ccl" below AG_CCL_MAX_MACS, streamed below
 AG_STREAMED_MAX_MACS (twice that beyond 2 ranks), fused from there. matmul_all_reduce is streamed
 from AR_STREAMED_MIN_ROWS * world / 2 rows, "ccl" below. The host always runs fused.

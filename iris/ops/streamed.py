@@ -89,7 +89,7 @@ class _StreamFlags:
     not wait for the waits on an H200)."""
 
     def __init__(self, ctx, flags, C):
-        self.driver, self.r, self.w, self.C = ctx.driver, ctx.rank, ctx.world, C
+        self.driver, self.r, self.C = ctx.driver, ctx.rank, C
         self.words = [flags.data_ptr() if p == ctx.rank else ctx.peer_view(flags, p).data_ptr()
                       for p in range(ctx.world)]
         self.waiters = {}
@@ -326,14 +326,15 @@ def _sequence(ctx, output, A, B, ws, bias=None) -> None:
             for p in peers:
                 flagged(flags, hb, r, w, C, idx, p, sig, wt)
 
+    start = (ctl, flags, w * C, hb, r, w, triton.next_power_of_2(w))
     # both side streams join main here, behind the start kernel (a capture must see every stream it joins back)
     if ws["kind"] == "mag":  # only the copies into the peers wait for it: the GEMM starts at once
         with _on(ws["tx"], main):
-            ws["start"](ctl, flags, w * C, hb, r, w, triton.next_power_of_2(w))
+            ws["start"](*start)
         if main is not None:
             ws["rx"].wait_stream(ws["tx"])
     else:
-        ws["start"](ctl, flags, w * C, hb, r, w, triton.next_power_of_2(w))
+        ws["start"](*start)
         if main is not None:
             ws["rx"].wait_stream(main)
             ws["tx"].wait_stream(main)
