@@ -399,14 +399,15 @@ def test_default_variant_rules():
     for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (4, 512, "ccl"), (4, 1024, "fused"), (4, 2048, "fused"),
                        (4, 4096, "streamed")):
         assert default_variant("rs", w, M // w, N, M, K // w) == want, ("rs", w, M)
-    for w, M, want in ((2, 512, "fused"), (2, 1024, "streamed"), (4, 512, "ccl"), (4, 2048, "ccl"),
-                       (4, 4096, "streamed")):
+    for w, M, want in ((2, 512, "ccl"), (2, 1024, "ccl"), (2, 2048, "streamed"), (4, 512, "ccl"), (4, 2048, "ccl"),
+                       (4, 4096, "streamed"), (3, 2048, "ccl"), (3, 3072, "streamed")):
         assert default_variant("mag", w, M, N, M // w, K) == want, ("mag", w, M)
     for w, M, want in ((2, 512, "ccl"), (2, 1024, "streamed"), (2, 2048, "streamed"), (2, 4096, "fused"),
                        (4, 512, "ccl"), (4, 1024, "streamed"), (4, 4096, "streamed"), (4, 8192, "fused")):
         assert default_variant("ag", w, M, N, M // w, K) == want, ("ag", w, M)
     from iris.ops import streamed_chunks
-    for kind, owner, w, want in (("rs", 1024, 2, 2), ("rs", 2048, 2, 2), ("rs", 4096, 2, 4), ("rs", 2048, 4, 2),
+    for kind, owner, w, want in (("rs", 1024, 2, 2), ("rs", 2048, 2, 2), ("rs", 4096, 2, 2), ("rs", 8192, 2, 4),
+                                 ("rs", 2048, 4, 2),
                                  ("ar", 1024, 2, 2), ("ar", 2048, 2, 4), ("ar", 2048, 4, 2), ("mag", 1024, 2, 2),
                                  ("mag", 4096, 2, 4), ("mag", 2048, 4, 2), ("ag", 4096, 2, 1)):
         assert streamed_chunks(kind, owner, w) == want, (kind, owner, w)

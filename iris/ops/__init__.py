@@ -20,11 +20,11 @@ Three implementations (FusedConfig.variant): "fused", one persistent Triton kern
 by chunks of rows with copy-engine transfers on side streams (streamed.py); "ccl", the GEMM then
 ctx.ccl's collective (unfused.py). With config=None iris
 picks by shape where benchmarks/gemm_comm.py chose (docs/performance.md): streamed for
-matmul_all_gather from STREAMED_MIN_ROWS * (world / 2)^2 rows and for a row-layout
-matmul_reduce_scatter from STREAMED_MIN_MACS * world / 2; below them matmul_all_gather is fused on 2
-ranks and "ccl" beyond, matmul_reduce_scatter "ccl" on 2 ranks and beyond 2 fused ("ccl" below
-RS_CCL_MAX_MACS). all_gather_matmul is "ccl" below AG_CCL_MAX_MACS, streamed below
-AG_STREAMED_MAX_MACS (twice that beyond 2 ranks), fused from there. matmul_all_reduce is streamed
+matmul_all_gather from STREAMED_MIN_ROWS * world / 2 rows and for a row-layout
+matmul_reduce_scatter from STREAMED_MIN_MACS * world / 2; below them matmul_all_gather is "ccl",
+matmul_reduce_scatter "ccl" on 2 ranks and beyond 2 fused ("ccl" below RS_CCL_MAX_MACS).
+all_gather_matmul is "ccl" below AG_CCL_MAX_MACS, streamed below AG_STREAMED_MAX_MACS (twice that
+beyond 2 ranks), fused from there. matmul_all_reduce is streamed
 from AR_STREAMED_MIN_ROWS * world / 2 rows, "ccl" below. The host always runs fused.
 """
 from __future__ import annotations
@@ -50,14 +50,14 @@ from .gemm import check_operands, interpreted, matmul, tiles_for
 from .workspace import FusedWorkspace
 
 # where "streamed" and "ccl" are chosen, and the chunks: benchmarks/gemm_comm.py (results/gemm_comm-fused-gpu-*.json)
-STREAMED_MIN_ROWS = 1024  # matmul_all_gather: output rows from which streamed is the default
+STREAMED_MIN_ROWS = 2048  # matmul_all_gather: streamed from these output rows times world / 2, "ccl" below
 AR_STREAMED_MIN_ROWS = 2048  # matmul_all_reduce: streamed from these rows times world / 2, "ccl" below
 STREAMED_MIN_MACS = 1 << 35  # matmul_reduce_scatter (row layout): multiply-adds from which streamed is
 AG_STREAMED_MAX_MACS = 1 << 38  # all_gather_matmul: streamed below these multiply-adds, the fused kernel from them
 AG_CCL_MAX_MACS = 1 << 36  # all_gather_matmul: "ccl" below these multiply-adds
 RS_CCL_MAX_MACS = 1 << 34  # matmul_reduce_scatter beyond 2 ranks: "ccl" below these, fused from them
 CHUNK_ROWS = 512  # streamed: chunks per owner's rows of about this many, 2 to 4 (one chunk cannot overlap)
-RS_CHUNK_ROWS = 1024  # matmul_reduce_scatter's on 2 ranks (2 chunks led 4 at 2048 rows an owner)
+RS_CHUNK_ROWS = 2048  # matmul_reduce_scatter's on 2 ranks (2 chunks led 4 up to 4096 rows an owner)
 CHUNKS_BEYOND_2 = 2  # beyond 2 ranks (4 ranks: 2 led 3 and 4 from 1024 rows an owner)
 
 
@@ -88,7 +88,7 @@ def default_variant(kind: str, world: int, rows: int, cols: int, a_rows: int, in
     if kind == "ar":  # the matmul then ctx.ccl.all_reduce led below 2048 rows at 2 ranks, below 4096 at 4
         return "streamed" if rows >= AR_STREAMED_MIN_ROWS * world / 2 else "ccl"
     if kind == "mag":
-        return "streamed" if rows >= STREAMED_MIN_ROWS * (world / 2) ** 2 else "fused" if world == 2 else "ccl"
+        return "streamed" if rows >= STREAMED_MIN_ROWS * world / 2 else "ccl"
     if kind == "rs":
         macs = a_rows * cols * inner
         return ("streamed" if macs >= STREAMED_MIN_MACS * world / 2 else
