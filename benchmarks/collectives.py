@@ -26,6 +26,7 @@ times every variant of every collective (see sweep_variants) and works with rank
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -44,6 +45,7 @@ from iris.ccl import Config, ReduceOp, builders  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 ONE, TWO = Config(all_reduce_variant="one_shot"), Config(all_reduce_variant="two_shot")
+AR_FORMS_FROM = 4 * MiB  # all_reduce two_shot_push is also timed in both its forms from this size
 
 
 def slowest(x):
@@ -170,6 +172,10 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
         xh, yh = ctx.empty(n, dtype=torch.bfloat16).copy_(x), ctx.empty(n, dtype=torch.bfloat16)
         variants = [("iris", None, x, y), ("iris_two_shot", TWO, x, y), ("iris_heap", None, xh, yh)] + (
             [("iris_one_shot", ONE, x, y)] if nbytes <= 16 * MiB else [])
+        if nbytes >= AR_FORMS_FROM and ctx.world > 1:  # two_shot_push in one exchange and pipelined, plain and heap
+            variants += [(f"iris_push_{form}{where}", dataclasses.replace(cfg, all_reduce_variant="two_shot_push"),
+                          *tensors) for form, cfg in pull_forms()[:2]
+                         for where, tensors in (("", (x, y)), ("_heap", (xh, yh)))]
         for name, cfg, x_, y_ in variants:
             y_.fill_(-1)
             ctx.ccl.all_reduce(y_, x_, config=cfg)
@@ -701,6 +707,13 @@ def table(ar, moves):
                  for k in ("iris", "iris_one_shot", "iris_two_shot", "iris_heap", "nccl", "symm_one_shot",
                            "symm_two_shot")]
         lines.append(f"{r['bytes']:>10} " + " ".join(cells) + f"  auto={r['variant_auto']}")
+    formed = [r for r in ar if r.get("iris_push_pipelined_graph_us")]
+    if formed:
+        lines.append("all_reduce two_shot_push by form, graph us: one exchange / pipelined, plain; the same, heap")
+        for r in formed:
+            lines.append(f"{r['bytes']:>10}   " + "   ".join(
+                "/".join(f(r.get(f"iris_push_{form}{where}_graph_us")).strip()
+                         for form in ("one_exchange", "pipelined")) for where in ("", "_heap")))
     lines.append("all_gather / reduce_scatter / all_to_all bf16, graph us: iris vs nccl (eager in JSON)")
     for r in moves:
         cells = [f"{f(r.get(f'iris_{k}_graph_us'))}/{f(r.get(f'nccl_{k}_graph_us'))}"
@@ -727,6 +740,8 @@ def main(argv=None) -> int:
                                                                "or 1 MiB)")
     p.add_argument("--moves-only", action="store_true",
                    help="only all_gather, reduce_scatter and all_to_all (no host costs, two_shot_push sweep, all_reduce)")
+    p.add_argument("--all-reduce-only", action="store_true",
+                   help="only all_reduce (no host costs, two_shot_push sweep, moves)")
     p.add_argument("--pull-segments", default="",
                    help="comma list: all_gather, all_to_all and reduce_scatter also pipelined with at most these "
                         "segments per program")
@@ -765,10 +780,12 @@ def main(argv=None) -> int:
     timer = Timer(ctx, gpu, args.samples if gpu else 1)
     timer.max_bytes = args.max_bytes
     segments = [int(k) for k in args.pull_segments.split(",") if k.strip()]
-    host = None if args.moves_only else host_costs(ctx, timer, gpu)
-    tuning = [] if args.moves_only else sweep(ctx, timer, gpu)
+    only = args.moves_only or args.all_reduce_only
+    host = None if only else host_costs(ctx, timer, gpu)
+    tuning = [] if only else sweep(ctx, timer, gpu)
     ar = [] if args.moves_only else all_reduce_rows(ctx, timer, sizes, gpu)
-    moves = move_rows(ctx, timer, [s for s in sizes if s >= 4 * KiB or not gpu], gpu, segments)
+    moves = [] if args.all_reduce_only else move_rows(ctx, timer, [s for s in sizes if s >= 4 * KiB or not gpu],
+                                                        gpu, segments)
     if rank == 0:
         text = table(ar, moves)
         path = write_result("collectives", {"dtype": "bfloat16", "units": "microseconds per call, median",

@@ -1,5 +1,6 @@
 """Collectives (ctx.ccl) against torch references: real ranks on the host driver (kernels in the
 interpreter) and on GPUs. Outputs are poisoned before every call and checked element by element."""
+import dataclasses
 import os
 import socket
 import time
@@ -119,8 +120,11 @@ def check_split_broadcast(ctx, cfg):
 
 def check_pipelined(ctx, reps, cfgs, rows=(13, 11), dtype=torch.float32, one=True, lag=0.02):
     """all_gather and all_to_all staged in segments that the peers read while the next is staged, and
-    reduce_scatter reducing a segment while it stores the next (GPUs take them from
-    builders.PIPELINE_BYTES of inp), forced at every size here. reps back to back calls per Config
+    reduce_scatter reducing a segment while it stores the next, all_reduce two_shot_push storing each
+    reduced segment into the peers while it reduces the next (GPUs take them from
+    builders.PIPELINE_BYTES of inp), forced at every size here; all_reduce on plain and heap tensors (the
+    reduced segments land in a gather buffer, or in the peers' out), out of place and in place, over
+    a number of elements the ranks do not divide. reps back to back calls per Config
     of cfgs, new data each, outputs poisoned, over both copies of the stage, one rank `lag` seconds late in
     turn (a read that runs ahead of its peer's staging finds stale data); the pipelined plan must be what
     ran. one: also pull_segments=1, which must keep one exchange."""
@@ -149,6 +153,17 @@ def check_pipelined(ctx, reps, cfgs, rows=(13, 11), dtype=torch.float32, one=Tru
                 out = _poisoned((m, c), dtype, dev)
                 ctx.ccl.reduce_scatter(out, xs[r], config=cfg)
                 bad += [] if _same(out, _reduce(xs, ReduceOp.SUM)[r * m:(r + 1) * m]) else [("pipelined rs",) + tag]
+                two = dataclasses.replace(cfg, all_reduce_variant="two_shot_push")
+                for heap in (False, True):
+                    own = (lambda t: ctx.empty(t.shape, dtype=t.dtype).copy_(t)) if heap else torch.clone
+                    xs = [_data((w * m + 3, c), dtype, q, rep + 90, dev) for q in range(w)]
+                    out, x, want = own(_poisoned(xs[0].shape, dtype, dev)), own(xs[r]), _reduce(xs, ReduceOp.SUM)
+                    ctx.ccl.all_reduce(out, x, config=two)
+                    ran = ctx.ccl.recent["all_reduce"].plan.variant
+                    bad += [] if _same(out, want) and _same(x, xs[r]) else [("pipelined all_reduce", heap) + tag]
+                    bad += [] if ran == ("two_shot_push" if single else "pipelined") else [("ar ran", ran) + tag]
+                    ctx.ccl.all_reduce(x, x, config=two)
+                    bad += [] if _same(x, want) else [("pipelined all_reduce in place", heap) + tag]
             for mode, shape, got in (("ag", (m, c), (w * m, c)), ("a2a", (m, c * w), (m, c * w)),
                                      ("rs", (w * m, c), (m, c))):
                 plan = ctx.ccl.plans.get((mode, ReduceOp.SUM, torch.Size(shape), torch.Size(got), dtype, cfg.key(), 0))
@@ -378,20 +393,29 @@ def _progress(ctx, what):
 
 
 def pipelined_wrong(ctx, rows, cfg, reps):
-    """reps back to back all_gathers, all_to_alls and reduce_scatters of (rows) bf16 blocks a rank (the
-    pipelined form must be what runs), new data each call from three sets, outputs poisoned, every element
-    checked on the device (no host sync between calls); returns the wrong calls and the plans' variants."""
+    """reps back to back all_gathers, all_to_alls, reduce_scatters of (rows) bf16 blocks a rank and
+    all_reduces (two_shot_push) of twice that, or of builders.PIPELINE_BYTES["ar"] where cfg is None (the
+    pipelined form must be what runs), new data each call from three sets, outputs poisoned, every
+    element checked on the device (no host sync between calls); returns the wrong calls and the plans'
+    variants."""
+    from iris.ccl import builders
     r, w, dev = ctx.rank, ctx.world, ctx.device
     m, c = rows
     wrong = torch.zeros((), dtype=torch.int32, device=dev)
     ran = set()
-    for i, mode in enumerate(("ag", "a2a", "rs")):
-        shape = {"ag": (m, c), "a2a": (m, c * w), "rs": (w * m, c)}[mode]
+    for i, mode in enumerate(("ag", "a2a", "rs", "ar")):
+        # all_reduce: twice a block where cfg forces the form, else what the default pipelines from
+        ar = (2 * m if cfg else -(-builders.PIPELINE_BYTES["ar"] // (2 * c)), c)
+        shape = {"ag": (m, c), "a2a": (m, c * w), "rs": (w * m, c), "ar": ar}[mode]
         sets = [[_data(shape, torch.bfloat16, q, 20 * k + i, dev) for q in range(w)] for k in range(3)]
         if mode == "ag":
             call, wants = ctx.ccl.all_gather, [torch.cat(xs) for xs in sets]
         elif mode == "rs":
             call, wants = ctx.ccl.reduce_scatter, [_reduce(xs, ReduceOp.SUM)[r * m:(r + 1) * m] for xs in sets]
+        elif mode == "ar":
+            two = cfg and dataclasses.replace(cfg, all_reduce_variant="two_shot_push")
+            call, wants = (lambda o, x, config: ctx.ccl.all_reduce(o, x, config=two)), [_reduce(xs, ReduceOp.SUM)
+                                                                                        for xs in sets]
         else:
             call, wants = ctx.ccl.all_to_all, [torch.cat([x[:, r * c:(r + 1) * c] for x in xs], 1) for xs in sets]
         out = torch.empty_like(wants[0])
@@ -469,8 +493,9 @@ def rank_gpu(reps, replays):
         if wrong.item():
             bad.append(("repeat", n, wrong.item()))
     _progress(ctx, "repeats checked")
-    # the pipelined all_gather, all_to_all and reduce_scatter (from builders.PIPELINE_BYTES, or forced): several segments per
-    # program, the last program's last one short (a partial block) then empty, 32 MiB and 64 MiB by default
+    # the pipelined all_gather, all_to_all, reduce_scatter and all_reduce (from builders.PIPELINE_BYTES, or forced):
+    # several segments per program, the last program's last one short (a partial block) then empty, 32 MiB and 64 MiB
+    # a rank by default (all_reduce 256 MiB)
     ctx.ccl.free()
     for rows, cfg in (((1000, 129), Config(pull_segments=4, block_size=1024, comm_sms=16)), ((16384, 1024), None),
                       ((8192, 4096), None)):
@@ -478,9 +503,10 @@ def rank_gpu(reps, replays):
         if wrong or ran != {"pipelined"}:
             bad.append(("pipelined", rows, wrong, ran))
         ctx.ccl.free()
-    _progress(ctx, "pipelined all_gather, all_to_all and reduce_scatter checked")
+    _progress(ctx, "pipelined all_gather, all_to_all, reduce_scatter and all_reduce checked")
     # CUDA graph: captured once, replayed many times with new data copied into the captured input
-    for n, cfg in ((8192, configs[0]), (1 << 20, configs[1]), (3 << 20, None)):
+    for n, cfg in ((8192, configs[0]), (1 << 20, configs[1]), (3 << 20, None),
+                   (3 << 20, Config(all_reduce_variant="two_shot_push", pull_segments=4))):
         x = torch.empty(n, dtype=torch.bfloat16, device=dev)
         out = torch.empty_like(x)
         ctx.ccl.all_reduce_preamble(out, x, config=cfg)

@@ -24,14 +24,17 @@ from . import puts
 
 _KiB, _MiB = 1 << 10, 1 << 20
 SPLIT_BROADCAST = _MiB  # bytes from which a broadcast over 3+ ranks is a scatter then an all_gather
-# bytes of inp from which all_gather pull, all_to_all and reduce_scatter two_shot store into the peers in
-# segments, each rank's local pass over one beside its stores of the next (scatter_push_kernel), below
-# which one exchange keeps small calls' latency. 2 and 4x H200 (collectives_pull-gpu-*ranks.json), graph
-# us at 2 / 4 ranks, one exchange against pipelined: all_gather 4 MiB 23.7 / 48.9 against 26.7 / 52.3,
+# bytes of inp from which all_gather pull, all_to_all, reduce_scatter two_shot and all_reduce two_shot_push
+# store into the peers in segments, each rank's local pass over one beside its stores of the next
+# (scatter_push_kernel), below which one exchange keeps small calls' latency. 2 and 4x H200
+# (collectives_pull-gpu-*ranks.json), graph us at 2 / 4 ranks, one exchange against pipelined: all_gather
+# 4 MiB 23.7 / 48.9 against 26.7 / 52.3,
 # 16 MiB 79.1 / 191 against 74.7 / 163; all_to_all 16 MiB 46.1 / 58.5 against 50.0 / 63.3, 64 MiB
 # 165 / 211 against 129 / 170; reduce_scatter 32 MiB of inp at 2 ranks 75.8 against 81.1, 64 MiB at 4
-# 186 against 168
-PIPELINE_BYTES = {"ag": 16 * _MiB, "a2a": 32 * _MiB, "rs": 64 * _MiB}
+# 186 against 168; all_reduce at 2 ranks (collectives_ar-gpu-2ranks.json, plain / heap tensors) 4 MiB
+# 20.9 / 19.5 against 21.8 / 21.7, 64 MiB 207.9 / 208.5 against 211.9 / 216.7, 256 MiB 803.9 / 760.4
+# against 769.3 / 742.7
+PIPELINE_BYTES = {"ag": 16 * _MiB, "a2a": 32 * _MiB, "rs": 64 * _MiB, "ar": 256 * _MiB}
 SEGMENTS = 4  # the pipelined form's most segments per program where Config.pull_segments is 0
 
 
@@ -49,6 +52,8 @@ def all_reduce(ccl, out, inp, op, cfg) -> Plan:
         return pull(ccl, "ar", out, inp, op, cfg)
     if variant in ("atomic", "spinlock"):
         return accumulate(ccl, out, inp, cfg, variant == "spinlock")
+    if variant == "two_shot_push" and pipelined("ar", inp, cfg, ccl.ctx.world):
+        return scatter_push(ccl, "ar", out, inp, op, cfg)
     if variant == "ring":
         return ring(ccl, out, inp, op, cfg)
     return shots(ccl, out, inp, op, cfg, variant)
@@ -295,19 +300,26 @@ def _workspace(ccl, programs, chunks, cs, dtype, rows):
 
 
 def scatter_push(ccl, mode, out, inp, op, cfg):
-    """reduce_scatter two_shot ("rs"), and the pipelined all_gather and all_to_all: every rank stores
-    each peer's part into a slot of that peer's stage, in segments where pipelined() says so."""
+    """reduce_scatter two_shot ("rs"), and the pipelined all_gather, all_to_all and all_reduce ("ar",
+    two_shot_push's pipelined form): every rank stores each peer's part into a slot of that peer's
+    stage, in segments where pipelined() says so. "ar" reduces chunks of inp.numel() / world rounded up
+    to 16 elements, and its stage holds a gather half beside the slots."""
     ctx, w = ccl.ctx, ccl.ctx.world
-    n = elements(mode, out, inp, w)
+    total = inp.numel()
+    n = round_up(-(-total // w), 16) if mode == "ar" else elements(mode, out, inp, w)
     programs, per, block, cs = _sizes(n, inp, cfg)
     seg = segment(per, block, cfg.pull_segments or SEGMENTS) if pipelined(mode, inp, cfg, w) else per
-    stage, flags, counters = workspace = _workspace(ccl, programs, w, cs, inp.dtype, -(-per // seg))
+    halves = 2 if mode == "ar" else 1
+    stage, flags, counters = workspace = _workspace(ccl, programs, halves * w, cs, inp.dtype,
+                                                    halves * -(-per // seg))
     variant = "two_shot" if seg == per and mode == "rs" else "pipelined"
     return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, variant,
+                ("IN_HEAP", "OUT_HEAP") if mode == "ar" else (),
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
-                n=n, cs=cs, per=per, seg=seg, parity_stride=w * cs, cols=inp.shape[1] // w if mode == "a2a" else 1,
-                rank=ctx.rank, WORLD=w, PEERS=pow2(w), MODE=mode, OP=op.value, IS_FLOAT=inp.dtype.is_floating_point,
-                BLOCK=block, SPIN=cfg.spin_limit)
+                n=n, total=total if mode == "ar" else w * n, cs=cs, per=per, seg=seg, parity_stride=halves * w * cs,
+                cols=inp.shape[1] // w if mode == "a2a" else 1, rank=ctx.rank, WORLD=w, PEERS=pow2(w), MODE=mode,
+                OP=op.value, IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit, IN_HEAP=False,
+                OUT_HEAP=False)
 
 
 def broadcast(ccl, out, inp, cfg, src):
@@ -338,9 +350,9 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
 
 
 def pipelined(mode, inp, cfg, w) -> bool:
-    """Whether all_gather pull, all_to_all or reduce_scatter two_shot (mode) runs its pipelined form
-    (scatter_push_kernel in segments): Config.pull_segments >= 2 (at most that many segments per
-    program), or 0 and PIPELINE_BYTES[mode] of inp or more (at most SEGMENTS); 1, or less inp: one
+    """Whether all_gather pull, all_to_all, reduce_scatter two_shot or all_reduce two_shot_push (mode)
+    runs its pipelined form (scatter_push_kernel in segments): Config.pull_segments >= 2 (at most that
+    many segments per program), or 0 and PIPELINE_BYTES[mode] of inp or more (at most SEGMENTS); 1, or less inp: one
     exchange. Other collectives, and a job of one rank, take one exchange."""
     if mode not in PIPELINE_BYTES or w == 1:
         return False

@@ -53,10 +53,10 @@ class Config:
     0: by dtype, benchmarks/collectives.py chose 16 KiB worth; two_shot_push 4 to 32 KiB by size);
     one_shot_max_bytes (the largest all_reduce that "auto" does in one shot; 0: 4 MiB on 2 ranks,
     256 KiB on more, from benchmarks/results/collectives_variants-gpu-2ranks.json); pull_segments
-    (all_gather pull, all_to_all and reduce_scatter two_shot: 1 one flag exchange; k >= 2 each rank
-    stores into the peers in at most k segments per program, building out from one segment while it
-    stores the next; 0: 1 below iris.ccl.builders.PIPELINE_BYTES of inp, 16 / 32 / 64 MiB, else
-    builders.SEGMENTS, 4; other collectives ignore it); spin_limit (the
+    (all_gather pull, all_to_all, reduce_scatter two_shot and all_reduce two_shot_push: 1 one flag
+    exchange; k >= 2 each rank stores into the peers in at most k segments per program, building out
+    from one segment while it stores the next; 0: 1 below iris.ccl.builders.PIPELINE_BYTES of inp,
+    16 / 32 / 64 / 256 MiB, else builders.SEGMENTS, 4; other collectives ignore it); spin_limit (the
     most polls of a flag before a program gives up; None: IRIS_SPIN_LIMIT, a few minutes; 0 waits for
     ever; a program that gives up leaves wrong data and marks its flag, and the host raises WaitTimeout
     at the next ctx.barrier(), ctx.ccl.free() or close, naming the collective, the rank, the peer, the

@@ -1,6 +1,6 @@
 """Collectives by remote stores only: the push all_reduce (one or two shots); reduce_scatter (the first
-shot alone) and the large all_gather and all_to_all, each rank's local pass pipelined with its stores
-into the peers; and the push all_gather's persistent and partitioned variants (each program stores
+shot alone), the large all_gather and all_to_all and the largest two-shot all_reduce, each rank's
+local pass pipelined with its stores into the peers; and the push all_gather's persistent and partitioned variants (each program stores
 its range into every rank, or the programs are split by destination rank)."""
 import triton
 import triton.language as tl
@@ -89,13 +89,14 @@ def _reduce_slots(own, slots, stride, mask, rank, WORLD: tl.constexpr, OP: tl.co
 
 
 @triton.jit
-def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per, seg, parity_stride, cols, rank,
-                        WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
-                        IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
-    """reduce_scatter ("rs"), all_gather ("ag") and all_to_all ("a2a") by remote stores: rank r stores
-    what peer q gets of its input (chunk q of n elements at q * n, all of inp, or column block q) into
-    slot r of q's stage (slots cs apart), and builds out from its own part and the WORLD-1 slots of its
-    stage: reduced in rank order (_reduce_slots) or copied into place. Program p's range of a chunk,
+def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, cs, per, seg, parity_stride, cols,
+                        rank, WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
+                        IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr, IN_HEAP: tl.constexpr,
+                        OUT_HEAP: tl.constexpr):
+    """reduce_scatter ("rs"), all_gather ("ag"), all_to_all ("a2a") and all_reduce ("ar") by remote
+    stores: rank r stores what peer q gets of its input (chunk q of n elements at q * n, all of inp, or
+    column block q) into slot r of q's stage (slots cs apart), and builds out from its own part and the
+    WORLD-1 slots of its stage: reduced in rank order (_reduce_slots) or copied into place. Program p's range of a chunk,
     [p * per, p * per + per), is cut into cdiv(per, seg) segments (seg a multiple of BLOCK; seg = per:
     one exchange): the program stores segment 0 and signals it, then for each segment j waits for every
     peer's signal of j and, in one loop, builds segment j of out while it stores segment j + 1 into the
@@ -104,7 +105,13 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per
     row j * programs + p. Peers are taken in turn from rank + 1, so no rank receives from every other at
     once. cols: columns per rank ("a2a"). The stage alternates between two copies (parity_stride apart)
     by epoch parity: program p writes a peer's copy e % 2 in call e only after it waited, in call e - 1,
-    for all that peer's program p's signals, raised after its reads of call e - 2 ended."""
+    for all that peer's program p's signals, raised after its reads of call e - 2 ended.
+    "ar" is "rs" over chunks of n elements (the last one short: elements from total on are masked)
+    that also stores each reduced segment into every rank: into its out where out is the same heap
+    tensor everywhere (OUT_HEAP), else into the gather half of its stage (the copy's second WORLD * cs),
+    then signals it (rows from segs * programs on); a rank copies the peers' reduced segment j - 1 from
+    its gather half into out once it has stored segment j, and the last one at the end.
+    """
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
     programs = tl.num_programs(0)
@@ -113,8 +120,9 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per
     ar = tl.arange(0, BLOCK)
     for s in range(lo, tl.minimum(lo + seg, hi), BLOCK):
         o = s + ar
-        _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
+        _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
     _signal(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
+    gathered = flags + segs * programs * WORLD  # "ar": row j * programs + p, segment j reduced and in place
     for j in range(segs):
         row = flags + (j * programs + pid) * WORLD
         _wait_peers(row, e, rank, WORLD, PEERS, SPIN)
@@ -124,20 +132,65 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, cs, per
             i = s + ar
             mask = i < hi
             o = i + seg
-            if MODE == "rs":
+            if MODE == "rs" or MODE == "ar":
+                mask = mask & (rank * n + i < total)
                 acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
             else:
                 _unstage(out, buf, n, cs, cols, rank, i, mask, WORLD, MODE)
-            _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
+            _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
             if MODE == "rs":
                 tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
+            elif MODE == "ar":
+                _gather_to_peers(out, buf, heap_bases, mine, n, cs, rank, i, acc.to(out.dtype.element_ty), mask,
+                                 WORLD, OUT_HEAP, VEC)
         if j + 1 < segs:
             _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
+        if MODE == "ar":
+            _signal(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
+            if not OUT_HEAP and j > 0:  # the peers' segment before, which landed while this one was stored
+                _copy_gathered(out, buf, gathered, e, n, total, cs, rank, lo + (j - 1) * seg, hi, seg,
+                               (j - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
+    if MODE == "ar":  # the peers' last segment (their signal of it follows their stores of every one)
+        if OUT_HEAP:
+            _wait_peers(gathered + ((segs - 1) * programs + pid) * WORLD, e, rank, WORLD, PEERS, SPIN)
+        else:
+            _copy_gathered(out, buf, gathered, e, n, total, cs, rank, lo + (segs - 1) * seg, hi, seg,
+                           (segs - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
 
 
 @triton.jit
-def _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, mask, WORLD: tl.constexpr, MODE: tl.constexpr,
-             VEC: tl.constexpr):
+def _gather_to_peers(out, buf, heap_bases, mine, n, cs, rank, i, r, mask, WORLD: tl.constexpr,
+                     OUT_HEAP: tl.constexpr, VEC: tl.constexpr):
+    """all_reduce's reduced elements i of this rank's chunk into its out and, from rank + 1 on, into every
+    peer's out (OUT_HEAP) or slot rank of the gather half of that peer's stage buf."""
+    tl.store(out + rank * n + i, r, mask=mask)
+    for j in tl.static_range(1, WORLD):
+        q = (rank + j) % WORLD
+        delta = _peer_offset(heap_bases, q, mine, VEC)
+        if OUT_HEAP:
+            tl.store(out + delta + rank * n + i, r, mask=mask)
+        else:
+            tl.store(buf + delta + (WORLD + rank) * cs + i, r, mask=mask)
+
+
+@triton.jit
+def _copy_gathered(out, buf, gathered, e, n, total, cs, rank, a, hi, seg, row, WORLD: tl.constexpr,
+                   PEERS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+    """Once every peer signalled flag row `row` of gathered (its reduced elements [a, a + seg) of its
+    chunk landed), those elements from the gather half of buf into their chunks of out."""
+    _wait_peers(gathered + row * WORLD, e, rank, WORLD, PEERS, SPIN)
+    ar = tl.arange(0, BLOCK)
+    for s in range(a, tl.minimum(a + seg, hi), BLOCK):
+        i = s + ar
+        for k in tl.static_range(1, WORLD):
+            q = (rank + k) % WORLD
+            mask = (i < hi) & (q * n + i < total)
+            tl.store(out + q * n + i, tl.load(buf + (WORLD + q) * cs + i, mask=mask), mask=mask)
+
+
+@triton.jit
+def _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, o, mask, WORLD: tl.constexpr,
+             MODE: tl.constexpr, VEC: tl.constexpr):
     """Elements o (where mask holds) of what each peer gets of inp into this rank's slot of that peer's
     stage buf, from rank + 1 on; this rank's own part straight into out ("ag", "a2a")."""
     if MODE == "ag":
@@ -150,6 +203,8 @@ def _scatter(inp, out, buf, heap_bases, mine, n, cs, cols, rank, o, mask, WORLD:
         q = (rank + j) % WORLD
         if MODE == "rs":
             x = tl.load(inp + q * n + o, mask=mask)
+        elif MODE == "ar":
+            x = tl.load(inp + q * n + o, mask=mask & (q * n + o < total))
         elif MODE == "a2a":
             x = tl.load(inp + _a2a_index(o, q, cols, WORLD), mask=mask)
         tl.store(buf + _peer_offset(heap_bases, q, mine, VEC) + rank * cs + o, x, mask=mask)
