@@ -196,7 +196,7 @@ class Iris:
 
     def _raise_noted(self) -> None:
         """Raise what this rank's kernels noted since the last look (the device synced): the fault record
-        first, then ctx.ccl's own waits. A wait noted in the record (a device function's, a lock's) makes
+        first, then a streamed fused op's release (ctx.ops), then ctx.ccl's own waits. A wait noted in the record (a device function's, a lock's) makes
         the waits after it give up too: those belong to the same error, raised once."""
         ccl = self.__dict__.get("_ccl")
         try:
@@ -205,6 +205,9 @@ class Iris:
             if ccl is not None and ccl.gave_up is None:
                 ccl.gave_up = e
             raise
+        ops = self.__dict__.get("ops")
+        if ops is not None:  # a streamed fused op released after a peer stopped sending its chunks
+            ops.raise_failed()
         if ccl is not None:
             ccl.check_waits()
 

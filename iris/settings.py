@@ -115,8 +115,8 @@ PLATFORM = Setting("IRIS_PLATFORM", None, "the platform, one of cuda, hip, host 
                    _choice("platform", PLATFORMS))
 ALLOCATOR = Setting("IRIS_ALLOCATOR", None, "the allocator of every context, over the allocator= argument (torch, "
                     "vmem, nvshmem)", _text)
-TIMEOUT = Setting("IRIS_TIMEOUT", 120.0, "seconds ranks wait for each other (rendezvous, host collectives); "
-                  "timeout= wins", _seconds)
+TIMEOUT = Setting("IRIS_TIMEOUT", 120.0, "seconds ranks wait for each other (rendezvous, host collectives, a "
+                  "streamed fused op's chunks once every rank has opened it); timeout= wins", _seconds)
 CHECK_SYMMETRY = Setting("IRIS_CHECK_SYMMETRY", "cheap", "compare the ranks' collective allocations: off, cheap (at "
                          "points where ranks meet) or full (before every allocation)",
                          _choice("mode", SYMMETRY_MODES))

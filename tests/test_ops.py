@@ -449,3 +449,47 @@ def test_streamed_peer_never_calls(where):
     # one fault: the handshake's; the chunks' waits found their flags set and passed
     assert raised[0].startswith("rank 0:") and "which rank 1 should have set" in raised[0], raised
     assert "more faults" not in raised[0], raised
+
+
+def rank_streamed_stops(dtype, timeout):
+    """Rank 1 opens a streamed matmul_all_gather (its start kernel meets rank 0's) and then sends nothing,
+    as a process that died there would: rank 0's stream waits for its chunks have no spin limit, so the
+    watch releases them `timeout` seconds after the call began, and rank 0's next barrier raises
+    WaitTimeout naming rank 1, once. Returns (what the barrier raised, seconds until the call ended)."""
+    import time
+    from iris.ops import streamed
+    ctx = iris.iris(heap_size=1 << 24)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    cfg = FusedConfig(variant="streamed", chunks=2)
+    a, b = torch.randn(16, 32, device=dev).to(dtype), torch.randn(32, 24, device=dev).to(dtype)
+    out = ctx.empty((w * 16, 24), dtype=dtype)
+    ws = ctx.ops.matmul_all_gather_preamble(out, a, b, config=cfg)
+    ctx.ops._watch.timeout = timeout
+    keep = streamed._SEQUENCES["mag"]
+    if r == 1:
+        streamed._SEQUENCES["mag"] = lambda *args, **kwargs: None
+    t0 = time.monotonic()
+    try:
+        ctx.ops.matmul_all_gather(out, a, b, config=cfg, workspace=ws)
+        torch.cuda.synchronize()
+    finally:
+        streamed._SEQUENCES["mag"] = keep
+    took = time.monotonic() - t0
+    if r == 1:
+        time.sleep(timeout)  # meet rank 0 at the barrier once its call has been released
+    try:
+        ctx.barrier()
+        raised = ""
+    except iris.WaitTimeout as e:
+        raised = str(e)
+    ctx.barrier()  # raised once: the next barrier passes
+    ctx.close()
+    return raised, took
+
+
+@pytest.mark.gpu
+def test_streamed_peer_stops_after_opening():
+    (raised0, took0), (raised1, _) = iris.spawn(rank_streamed_stops, 2, args=(torch.bfloat16, 5.0), timeout=300)
+    assert raised1 == "", raised1
+    assert raised0.startswith("rank 0: a streamed fused op (mag)") and "rank(s) 1 stopped" in raised0, raised0
+    assert 5.0 <= took0 < 60, took0

@@ -130,12 +130,22 @@ class OpsNamespace:
         self._ctx = ctx
         self._workspaces = {}
         self._calls = {}  # signature -> the workspace of its calls, every check of it made
+        self._watch = None  # the streamed calls in flight on the GPU (streamed.Watch), from the first
 
     def forget(self) -> None:
         """Drop every workspace and signature (the context is closing): a later call checks anew, which
         raises ContextClosed."""
         self._workspaces.clear()
         self._calls.clear()
+        if self._watch is not None:
+            self._watch.close()
+
+    def raise_failed(self) -> None:
+        """Raise, once, the WaitTimeout of a streamed call that the watch released (a peer stopped sending
+        its chunks), after dropping that call's workspace."""
+        if self._watch is not None and self._watch.failed is not None:
+            self._calls = {k: v for k, v in self._calls.items() if not v.get("dead")}
+            self._watch.raise_failed()
 
     @staticmethod
     def _signature(kind, output, A, B, config) -> tuple:
@@ -298,8 +308,11 @@ class OpsNamespace:
             chunks = (config.chunks if config is not None and config.chunks else
                       streamed_chunks(kind, owner, ctx.world))
             comm_sms = config.comm_sms if config is not None else None
+            if self._watch is None and A.device.type == "cuda":
+                self._watch = _st.Watch(ctx)
             return self._ws(kind + "/streamed", output, A, B, config,
-                            lambda: _tagged(_st.preamble(ctx, kind, output, A, B, chunks, comm_sms), "streamed"))
+                            lambda: _tagged(_st.preamble(ctx, kind, output, A, B, chunks, comm_sms, self._watch),
+                                            "streamed"))
         make = {"ag": lambda: _agm.preamble(ctx, output, A, B, config),
                 "mag": lambda: _mag.preamble(ctx, output, A, B, config),
                 "ar": lambda: _mr.preamble(ctx, output, A, B, config, scatter=False),
@@ -322,6 +335,8 @@ class OpsNamespace:
         ctx, op = self._ctx, ws["op"]
         ctx.ccl.order.enter()  # one device order with every collective of the context (iris/ccl/order.py)
         if op in ("streamed", "ccl"):  # matmul_all_gather's bias goes into its rows before they are sent
+            if self._watch is not None and self._watch.failed is not None:
+                self.raise_failed()
             (_st if op == "streamed" else _un).run(ctx, output, A, B, ws, bias if kind == "mag" else None)
             if kind == "mag":
                 return ws

@@ -29,15 +29,21 @@ chunk needs. The host runs _chunk_kernel.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import sys
+import threading
+import time
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import settings
 from ..ccl.config import Config
 from ..ccl.launch import Launcher
 from ..device import barrier_kernel, signal, wait
+from ..errors import WaitTimeout
 from .gemm import interpreted
 
 CAPTURE_AFTER = 2  # eager calls with the same tensors before the sequence is captured and replayed
@@ -126,7 +132,7 @@ def owned_chunks(M: int, w: int, chunks: int) -> list:
             for p in range(w)]
 
 
-def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None) -> dict:
+def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None, watch=None) -> dict:
     """Heap buffer, flags and side streams of one op ("ar", "rs", "ag" or "mag") at these shapes; chunks:
     per owner's block ("ar", "rs"), of this rank's rows ("mag"); "ar" with comm_sms: chunks of
     all rows, each reduced by ctx.ccl.all_reduce on comm_sms programs instead.
@@ -156,6 +162,9 @@ def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None) -> dict:
         C = 1
         ws["buf"] = ctx.empty(M, K, dtype=dt)
     ws["C"] = C
+    ws["watch"] = watch if dev.type == "cuda" else None
+    if ws["watch"] is not None:  # where the watch reads ctl and the flags (pinned now, not while a wait is queued)
+        ws["watched"] = torch.empty(1 + w + w * C, dtype=torch.int64, pin_memory=True)
     if "buf" in ws:
         ws["views"] = [ws["buf"] if p == ctx.rank else ctx.peer_view(ws["buf"], p) for p in range(w)]
     ws["flags"] = ctx.zeros(w * C, dtype=torch.int64)
@@ -346,10 +355,98 @@ def _sequence(ctx, output, A, B, ws, bias=None) -> None:
 
 def run(ctx, output, A, B, ws, bias=None) -> torch.Tensor:
     """The sequence on the current stream, replayed from a graph once the same tensors come back
-    (replayed). No host synchronization, except once when capturing."""
+    (replayed). No host synchronization, except once when capturing. An eager call on a GPU is
+    watched (Watch)."""
     if output.numel():
-        replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
+        watch = ws.get("watch")
+        if watch is None or torch.cuda.is_current_stream_capturing():
+            replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
+        else:
+            begun = watch.mark()
+            replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
+            watch.add(ws, begun, watch.mark())
     return output
+
+
+class Watch:
+    """The eager streamed calls of one context in flight on its GPU, and a thread that releases one whose
+    peer stopped after the opening barrier. The chunks' stream waits (memory operations) have no spin
+    limit: once every rank has opened a call, a peer that dies before it has sent its chunks would hold
+    this rank's streams, and its next synchronisation, for ever. A call still running `timeout` seconds
+    after it began (IRIS_TIMEOUT), with every rank past the opening barrier, is released: the thread
+    writes 1 into all of the call's flags on this rank (a side stream's memory operations, which no
+    wait holds), so the waits pass; the result is wrong, the workspace is dropped, and the next
+    streamed call or ctx.barrier() raises WaitTimeout naming the peers whose chunks never came.
+    Calls captured into a graph by the caller are not watched: the host does not see their replays."""
+
+    def __init__(self, ctx):
+        self.ctx, self.failed = ctx, None
+        self.timeout = getattr(ctx.group, "timeout", None) or settings.TIMEOUT.get()
+        self.calls = collections.deque()  # (ws, begun, ended): events around each call
+        # made now: made while a wait is queued, the driver may hold a stream's creation until that wait ends
+        self._side = torch.cuda.Stream(ctx.device)
+        self._stop = threading.Event()
+        self._thread = None
+
+    def mark(self) -> torch.cuda.Event:
+        e = torch.cuda.Event()
+        e.record()
+        return e
+
+    def add(self, ws, begun, ended) -> None:
+        self.calls.append((ws, begun, ended))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="iris-streamed-watchdog", daemon=True)
+            self._thread.start()
+
+    def raise_failed(self) -> None:
+        """Raise the WaitTimeout of a released call, once."""
+        failed, self.failed = self.failed, None
+        if failed is not None:
+            raise failed
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def _watch(self) -> None:
+        torch.cuda.set_device(self.ctx.device)
+        self.ctx.driver.relax_capture()  # its reads must not break a graph another thread is capturing
+        since = None
+        while not self._stop.wait(0.05):
+            while self.calls and self.calls[0][2].query():
+                self.calls.popleft()
+                since = None
+            if not self.calls or not self.calls[0][1].query():
+                continue  # nothing in flight, or the oldest call has not begun (work before it runs)
+            since = since or time.monotonic()
+            if time.monotonic() - since < self.timeout:
+                continue
+            ws = self.calls[0][0]
+            w, rank = self.ctx.world, self.ctx.rank
+            seen, n = ws["watched"], w + 1
+            with torch.cuda.stream(self._side):
+                seen[:n].copy_(ws["ctl"], non_blocking=True)
+                seen[n:].copy_(ws["flags"], non_blocking=True)
+            self._side.synchronize()
+            ctl, flags = seen[:n], seen[n:]
+            if bool((ctl[:w] < ctl[w]).any()):  # the opening barrier still waits for a late peer: the spin
+                continue                        # limit bounds that wait, and the start kernel then releases
+            arrived = flags.view(w, -1).ne(0).any(1).tolist()  # a peer with a flag set is sending
+            late = [p for p in range(w) if p != rank and not arrived[p]] or [p for p in range(w) if p != rank]
+            ws["dead"] = True
+            self.failed = WaitTimeout(
+                f"rank {rank}: a streamed fused op ({ws['kind']}) was still waiting for its peers' chunks "
+                f"{self.timeout:g} s after every rank had opened the call; rank(s) "
+                f"{', '.join(map(str, late))} stopped sending them (the process died or is stuck). The call was "
+                "released and its result is wrong; the op's workspace is dropped (the next call builds one, "
+                "collectively). IRIS_TIMEOUT sets the limit.")
+            print(f"iris: {self.failed}", file=sys.stderr, flush=True)
+            for i in range(ws["flags"].numel()):
+                self.ctx.driver.stream_write(self._side.cuda_stream, ws["flags"].data_ptr() + 8 * i, 1)
+            self._side.synchronize()
+            since = None
 
 
 def replayed(ws, tensors, sequence) -> None:
