@@ -483,6 +483,12 @@ def rank_streamed_stops(dtype, timeout):
     except iris.WaitTimeout as e:
         raised = str(e)
     ctx.barrier()  # raised once: the next barrier passes
+    if r == 0:  # the released call's workspace is not used again: its flags were left set
+        try:
+            ctx.ops.matmul_all_gather(out, a, b, config=cfg, workspace=ws)
+            raised += " | reused"
+        except iris.WaitTimeout as e:
+            raised += " | " + str(e)
     ctx.close()
     return raised, took
 
@@ -492,4 +498,6 @@ def test_streamed_peer_stops_after_opening():
     (raised0, took0), (raised1, _) = iris.spawn(rank_streamed_stops, 2, args=(torch.bfloat16, 5.0), timeout=300)
     assert raised1 == "", raised1
     assert raised0.startswith("rank 0: a streamed fused op (mag)") and "rank(s) 1 stopped" in raised0, raised0
+    assert raised0.endswith("once every rank is back") and "this workspace belongs to a streamed call" in raised0, \
+        raised0
     assert 5.0 <= took0 < 60, took0

@@ -42,7 +42,7 @@ from . import matmul_tile_reduce as _mtr
 from . import owned_tiles as _ot
 from . import streamed as _st
 from . import unfused as _un
-from ..errors import CollectiveError, IndirectPeerError
+from ..errors import CollectiveError, IndirectPeerError, WaitTimeout
 from .config import FusedConfig
 # Iris's module path iris.ops.matmul_reduce_scatter; bound after the submodule loads, so the name is the function
 from .matmul_reduce_scatter import matmul_reduce_scatter, matmul_reduce_scatter_preamble
@@ -335,8 +335,11 @@ class OpsNamespace:
         ctx, op = self._ctx, ws["op"]
         ctx.ccl.order.enter()  # one device order with every collective of the context (iris/ccl/order.py)
         if op in ("streamed", "ccl"):  # matmul_all_gather's bias goes into its rows before they are sent
-            if self._watch is not None and self._watch.failed is not None:
+            if self._watch is not None and (self._watch.failed is not None or ws.get("dead")):
                 self.raise_failed()
+                raise WaitTimeout(f"{OP_NAMES.get(kind, kind)}: this workspace belongs to a streamed call that was "
+                                  "released after a peer stopped sending its chunks; its flags are not reset. Build "
+                                  "a new one (the op's _preamble, or leave workspace= out), once every rank is back")
             (_st if op == "streamed" else _un).run(ctx, output, A, B, ws, bias if kind == "mag" else None)
             if kind == "mag":
                 return ws

@@ -383,13 +383,14 @@ class Watch:
         self.ctx, self.failed = ctx, None
         self.timeout = getattr(ctx.group, "timeout", None) or settings.TIMEOUT.get()
         self.calls = collections.deque()  # (ws, begun, ended): events around each call
+        self.spare = collections.deque()  # events of ended calls, recorded again by later ones
         # made now: made while a wait is queued, the driver may hold a stream's creation until that wait ends
         self._side = torch.cuda.Stream(ctx.device)
         self._stop = threading.Event()
         self._thread = None
 
     def mark(self) -> torch.cuda.Event:
-        e = torch.cuda.Event()
+        e = self.spare.pop() if self.spare else torch.cuda.Event()
         e.record()
         return e
 
@@ -416,7 +417,7 @@ class Watch:
         since = None
         while not self._stop.wait(0.05):
             while self.calls and self.calls[0][2].query():
-                self.calls.popleft()
+                self.spare.extend(self.calls.popleft()[1:])
                 since = None
             if not self.calls or not self.calls[0][1].query():
                 continue  # nothing in flight, or the oldest call has not begun (work before it runs)
