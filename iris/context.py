@@ -196,8 +196,9 @@ class Iris:
 
     def _raise_noted(self) -> None:
         """Raise what this rank's kernels noted since the last look (the device synced): the fault record
-        first, then a streamed fused op's release (ctx.ops), then ctx.ccl's own waits. A wait noted in the record (a device function's, a lock's) makes
-        the waits after it give up too: those belong to the same error, raised once."""
+        first, then a streamed fused op's release (ctx.ops), then ctx.ccl's own waits. A wait noted in
+        the record (a device function's, a lock's) makes the waits after it give up too: those belong to
+        the same error, raised once."""
         ccl = self.__dict__.get("_ccl")
         try:
             self.heap.raise_faults()
