@@ -413,28 +413,40 @@ def test_default_variant_rules():
         assert streamed_chunks(kind, owner, w) == want, (kind, owner, w)
 
 
-def rank_streamed_absent(dtype):
-    """A streamed matmul_all_gather whose peer never calls (it builds the workspace, which is collective):
-    the opening handshake gives up at the spin limit and leaves the call's flags set, so the call ends
-    (on a GPU its stream waits would otherwise hold the streams for ever) and the next barrier raises
-    WaitTimeout on the rank that called, naming the peer, once."""
-    os.environ["IRIS_SPIN_LIMIT"] = "20000"
+def _streamed_mag(dtype):
+    """A context and a streamed matmul_all_gather's tensors and workspace (16 rows a rank), built collectively:
+    (ctx, rank, config, a, b, out, workspace)."""
     ctx = iris.iris(heap_size=1 << 24)
     r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
     cfg = FusedConfig(variant="streamed", chunks=2)
     a, b = torch.randn(16, 32, device=dev).to(dtype), torch.randn(32, 24, device=dev).to(dtype)
     out = ctx.empty((w * 16, 24), dtype=dtype)
-    ws = ctx.ops.matmul_all_gather_preamble(out, a, b, config=cfg)
-    if r == 0:
-        ctx.ops.matmul_all_gather(out, a, b, config=cfg, workspace=ws)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+    return ctx, r, cfg, a, b, out, ctx.ops.matmul_all_gather_preamble(out, a, b, config=cfg)
+
+
+def _raised_at_barrier(ctx) -> str:
+    """What the next ctx.barrier() raised (WaitTimeout), "" if nothing; the barrier after it must pass."""
     try:
         ctx.barrier()
         raised = ""
     except iris.WaitTimeout as e:
         raised = str(e)
     ctx.barrier()  # raised once: the next barrier passes
+    return raised
+
+
+def rank_streamed_absent(dtype):
+    """A streamed matmul_all_gather whose peer never calls (it builds the workspace, which is collective):
+    the opening handshake gives up at the spin limit and leaves the call's flags set, so the call ends
+    (on a GPU its stream waits would otherwise hold the streams for ever) and the next barrier raises
+    WaitTimeout on the rank that called, naming the peer, once."""
+    os.environ["IRIS_SPIN_LIMIT"] = "20000"
+    ctx, r, cfg, a, b, out, ws = _streamed_mag(dtype)
+    if r == 0:
+        ctx.ops.matmul_all_gather(out, a, b, config=cfg, workspace=ws)
+        if ctx.get_device().type == "cuda":
+            torch.cuda.synchronize()
+    raised = _raised_at_barrier(ctx)
     ctx.close()
     return raised
 
@@ -458,12 +470,7 @@ def rank_streamed_stops(dtype, timeout):
     WaitTimeout naming rank 1, once. Returns (what the barrier raised, seconds until the call ended)."""
     import time
     from iris.ops import streamed
-    ctx = iris.iris(heap_size=1 << 24)
-    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
-    cfg = FusedConfig(variant="streamed", chunks=2)
-    a, b = torch.randn(16, 32, device=dev).to(dtype), torch.randn(32, 24, device=dev).to(dtype)
-    out = ctx.empty((w * 16, 24), dtype=dtype)
-    ws = ctx.ops.matmul_all_gather_preamble(out, a, b, config=cfg)
+    ctx, r, cfg, a, b, out, ws = _streamed_mag(dtype)
     ctx.ops._watch.timeout = timeout
     keep = streamed._SEQUENCES["mag"]
     if r == 1:
@@ -477,12 +484,7 @@ def rank_streamed_stops(dtype, timeout):
     took = time.monotonic() - t0
     if r == 1:
         time.sleep(timeout)  # meet rank 0 at the barrier once its call has been released
-    try:
-        ctx.barrier()
-        raised = ""
-    except iris.WaitTimeout as e:
-        raised = str(e)
-    ctx.barrier()  # raised once: the next barrier passes
+    raised = _raised_at_barrier(ctx)
     if r == 0:  # the released call's workspace is not used again: its flags were left set
         try:
             ctx.ops.matmul_all_gather(out, a, b, config=cfg, workspace=ws)

@@ -24,16 +24,15 @@ from . import puts
 
 _KiB, _MiB = 1 << 10, 1 << 20
 SPLIT_BROADCAST = _MiB  # bytes from which a broadcast over 3+ ranks is a scatter then an all_gather
-# bytes of inp from which all_gather pull, all_to_all, reduce_scatter two_shot and all_reduce two_shot_push
-# store into the peers in segments, each rank's local pass over one beside its stores of the next
-# (scatter_push_kernel), below which one exchange keeps small calls' latency. 2 and 4x H200
+# bytes of inp from which all_gather pull, all_to_all, reduce_scatter two_shot and all_reduce
+# two_shot_push store into the peers in segments, each rank's local pass over one beside its stores of the
+# next (scatter_push_kernel), below which one exchange keeps small calls' latency. 2 and 4x H200
 # (collectives_pull-gpu-*ranks.json), graph us at 2 / 4 ranks, one exchange against pipelined: all_gather
-# 4 MiB 23.7 / 48.9 against 26.7 / 52.3,
-# 16 MiB 79.1 / 191 against 74.7 / 163; all_to_all 16 MiB 46.1 / 58.5 against 50.0 / 63.3, 64 MiB
-# 165 / 211 against 129 / 170; reduce_scatter 32 MiB of inp at 2 ranks 75.8 against 81.1, 64 MiB at 4
-# 186 against 168; all_reduce at 2 ranks (collectives_ar-gpu-2ranks.json, plain / heap tensors) 4 MiB
-# 20.9 / 19.5 against 21.8 / 21.7, 64 MiB 207.9 / 208.5 against 211.9 / 216.7, 256 MiB 803.9 / 760.4
-# against 769.3 / 742.7
+# 4 MiB 23.7 / 48.9 against 26.7 / 52.3, 16 MiB 79.1 / 191 against 74.7 / 163; all_to_all 16 MiB 46.1 /
+# 58.5 against 50.0 / 63.3, 64 MiB 165 / 211 against 129 / 170; reduce_scatter 32 MiB of inp at 2 ranks
+# 75.8 against 81.1, 64 MiB at 4 186 against 168; all_reduce at 2 ranks (collectives_ar-gpu-2ranks.json,
+# plain / heap tensors) 4 MiB 20.9 / 19.5 against 21.8 / 21.7, 64 MiB 207.9 / 208.5 against 211.9 / 216.7,
+# 256 MiB 803.9 / 760.4 against 769.3 / 742.7
 PIPELINE_BYTES = {"ag": 16 * _MiB, "a2a": 32 * _MiB, "rs": 64 * _MiB, "ar": 256 * _MiB}
 SEGMENTS = 4  # the pipelined form's most segments per program where Config.pull_segments is 0
 
@@ -352,8 +351,8 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
 def pipelined(mode, inp, cfg, w) -> bool:
     """Whether all_gather pull, all_to_all, reduce_scatter two_shot or all_reduce two_shot_push (mode)
     runs its pipelined form (scatter_push_kernel in segments): Config.pull_segments >= 2 (at most that
-    many segments per program), or 0 and PIPELINE_BYTES[mode] of inp or more (at most SEGMENTS); 1, or less inp: one
-    exchange. Other collectives, and a job of one rank, take one exchange."""
+    many segments per program), or 0 and PIPELINE_BYTES[mode] of inp or more (at most SEGMENTS); 1, or
+    less inp: one exchange. Other collectives, and a job of one rank, take one exchange."""
     if mode not in PIPELINE_BYTES or w == 1:
         return False
     return (cfg.pull_segments or (SEGMENTS if inp.numel() * inp.element_size() >= PIPELINE_BYTES[mode] else 1)) > 1

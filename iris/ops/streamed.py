@@ -359,11 +359,10 @@ def run(ctx, output, A, B, ws, bias=None) -> torch.Tensor:
     watched (Watch)."""
     if output.numel():
         watch = ws.get("watch")
-        if watch is None or torch.cuda.is_current_stream_capturing():
-            replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
-        else:
-            begun = watch.mark()
-            replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
+        watch = None if watch is None or torch.cuda.is_current_stream_capturing() else watch
+        begun = watch and watch.mark()
+        replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
+        if watch is not None:
             watch.add(ws, begun, watch.mark())
     return output
 

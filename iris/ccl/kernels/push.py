@@ -1,7 +1,8 @@
 """Collectives by remote stores only: the push all_reduce (one or two shots); reduce_scatter (the first
 shot alone), the large all_gather and all_to_all and the largest two-shot all_reduce, each rank's
-local pass pipelined with its stores into the peers; and the push all_gather's persistent and partitioned variants (each program stores
-its range into every rank, or the programs are split by destination rank)."""
+local pass pipelined with its stores into the peers; and the push all_gather's persistent and
+partitioned variants (each program stores its range into every rank, or the programs are split by
+destination rank)."""
 import triton
 import triton.language as tl
 
@@ -96,22 +97,22 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, 
     """reduce_scatter ("rs"), all_gather ("ag"), all_to_all ("a2a") and all_reduce ("ar") by remote
     stores: rank r stores what peer q gets of its input (chunk q of n elements at q * n, all of inp, or
     column block q) into slot r of q's stage (slots cs apart), and builds out from its own part and the
-    WORLD-1 slots of its stage: reduced in rank order (_reduce_slots) or copied into place. Program p's range of a chunk,
-    [p * per, p * per + per), is cut into cdiv(per, seg) segments (seg a multiple of BLOCK; seg = per:
-    one exchange): the program stores segment 0 and signals it, then for each segment j waits for every
-    peer's signal of j and, in one loop, builds segment j of out while it stores segment j + 1 into the
-    peers, then signals j + 1, so the local pass runs beside the stores over the links (on NVLink,
-    posted writes reach more bandwidth than loads that wait for their data). Segment j's flags are
-    row j * programs + p. Peers are taken in turn from rank + 1, so no rank receives from every other at
-    once. cols: columns per rank ("a2a"). The stage alternates between two copies (parity_stride apart)
-    by epoch parity: program p writes a peer's copy e % 2 in call e only after it waited, in call e - 1,
-    for all that peer's program p's signals, raised after its reads of call e - 2 ended.
-    "ar" is "rs" over chunks of n elements (the last one short: elements from total on are masked)
-    that also stores each reduced segment into every rank: into its out where out is the same heap
-    tensor everywhere (OUT_HEAP), else into the gather half of its stage (the copy's second WORLD * cs),
-    then signals it (rows from segs * programs on); a rank copies the peers' reduced segment j - 1 from
-    its gather half into out once it has stored segment j, and the last one at the end.
-    """
+    WORLD-1 slots of its stage: reduced in rank order (_reduce_slots) or copied into place. Program p's
+    range of a chunk, [p * per, p * per + per), is cut into cdiv(per, seg) segments (seg a multiple of
+    BLOCK; seg = per: one exchange): the program stores segment 0 and signals it, then for each segment
+    j waits for every peer's signal of j and, in one loop, builds segment j of out while it stores
+    segment j + 1 into the peers, then signals j + 1, so the local pass runs beside the stores over the
+    links (on NVLink, posted writes reach more bandwidth than loads that wait for their data). Segment
+    j's flags are row j * programs + p. Peers are taken in turn from rank + 1, so no rank receives from
+    every other at once. cols: columns per rank ("a2a"). The stage alternates between two copies
+    (parity_stride apart) by epoch parity: program p writes a peer's copy e % 2 in call e only after it
+    waited, in call e - 1, for all that peer's program p's signals, raised after its reads of call e - 2
+    ended.
+    "ar" is "rs" over chunks of n elements (the last one short: elements from total on are masked) that
+    also stores each reduced segment into every rank: into its out where out is the same heap tensor
+    everywhere (OUT_HEAP), else into the gather half of its stage (the copy's second WORLD * cs), then
+    signals it (rows from segs * programs on); a rank copies the peers' reduced segment j - 1 from its
+    gather half into out once it has stored segment j, and the last one at the end."""
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
     programs = tl.num_programs(0)
