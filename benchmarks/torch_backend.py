@@ -352,10 +352,15 @@ def main(argv=None) -> int:
     p.add_argument("--spread-from", type=int, default=None,
                    help="bytes from which reduce and broadcast over 3+ ranks on heap tensors spread the work over "
                         "the members (iris.ccl.rooted.SPREAD; above --max-bytes: the forms before it, a control)")
+    p.add_argument("--store-reduce-from", type=int, default=None,
+                   help="bytes from which a whole-job reduce runs by stores (iris.ccl.rooted.STORE_REDUCE; above "
+                        "--max-bytes: the forms before it, a control)")
     args = p.parse_args(argv)
+    from iris.ccl import rooted
     if args.spread_from is not None:
-        from iris.ccl import rooted
         rooted.SPREAD = dict.fromkeys(rooted.SPREAD, args.spread_from)
+    if args.store_reduce_from is not None:
+        rooted.STORE_REDUCE = args.store_reduce_from
     if not 4 * KiB <= args.min_bytes <= args.max_bytes:
         p.error(f"--min-bytes {args.min_bytes} must be at least {4 * KiB} and at most --max-bytes {args.max_bytes}")
     start = time.perf_counter()

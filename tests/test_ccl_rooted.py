@@ -276,51 +276,128 @@ def _rooted_reduces(ctx):
     return {k for k in ctx.ccl.plans if isinstance(k, tuple) and k[:2] == ("rooted", "reduce")}
 
 
-def check_split_reduce(ctx, cfg, dtypes):
-    """The whole-job reduce as a reduce_scatter then a gather (GPUs take it from SPLIT_REDUCE bytes over 3
-    or more ranks) at every size here: every root, every reduction, out of place and in place, back to
-    back over both copies of its stage; only the root's out changes, inp never does."""
+def _store_reduces(ctx):
+    return {k for k, p in ctx.ccl.plans.items() if isinstance(k, tuple) and k[0] == "reduce"}
+
+
+def check_store_reduce(ctx, cfg, dtypes, n0):
+    """The whole-job reduce by stores (GPUs take it from STORE_REDUCE bytes; over 2 ranks the root reduces
+    all, over more every rank but the root a part) at every size here, n0 and a few elements more: every
+    root, every reduction, into a plain out and a heap out and in place, back to back over both copies of
+    its stage; only the root's out changes, inp never does (but in place). On a GPU also a CUDA graph of
+    two of them replayed with new data. Last, a rank that gives up waiting."""
     from iris.ccl import rooted
-    keep, rooted.SPLIT_REDUCE = rooted.SPLIT_REDUCE, 0
-    r, w, dev, bad = ctx.rank, ctx.world, ctx.device, []
-    before = _rooted_reduces(ctx)
+    keep, rooted.STORE_REDUCE = rooted.STORE_REDUCE, 0
+    r, w, dev, bad, seen = ctx.rank, ctx.world, ctx.device, [], set()
+    ctx.ccl.free()
     try:
         for rep in range(2 * w):
             root, op, dtype = rep % w, OPS[rep % 3], dtypes[rep % len(dtypes)]
-            n = 3 * 16 * w + rep * w  # a part that is not a whole number of blocks in some reps
+            n = n0 + rep * w + rep % 2  # a part that is not a whole number of blocks in some reps
             xs = [_data((n,), dtype, q, rep, dev) for q in range(w)]
-            x, out = ctx.empty((n,), dtype=dtype).copy_(xs[r]), _poisoned((n,), dtype, dev)
-            ctx.ccl.reduce(out, x, dst=root, op=op, config=cfg)
-            if not _same(out, _reduce(xs, op) if r == root else _poisoned((n,), dtype, dev)):
-                bad.append(("split reduce", root, op.value, str(dtype)))
-            if not _same(x, xs[r]):
-                bad.append(("split reduce changed inp", root))
+            want = _reduce(xs, op)
+            x = ctx.empty((n,), dtype=dtype).copy_(xs[r])
+            for where, out in (("plain", _poisoned((n,), dtype, dev)),
+                               ("heap", ctx.empty((n,), dtype=dtype).fill_(POISON))):
+                ctx.ccl.reduce(out, x, dst=root, op=op, config=cfg)
+                if not _same(out, want if r == root else _poisoned((n,), dtype, dev)):
+                    bad.append(("reduce by stores", where, root, op.value, str(dtype)))
+                if not _same(x, xs[r]):
+                    bad.append(("reduce by stores changed inp", root))
             ctx.ccl.reduce(x, dst=root, op=op, config=cfg)
-            if not _same(x, _reduce(xs, op) if r == root else xs[r]):
-                bad.append(("split reduce in place", root, op.value, str(dtype)))
-        if w > 2 and not any(getattr(p, "variant", "") == "reduce_scatter_gather" for p in ctx.ccl.plans.values()):
-            bad.append("the split reduce did not run")
-        if w > 2 and _rooted_reduces(ctx) != before:
-            bad.append("a rooted reduce plan was built beside the split one")
-        if w > 2:  # a rank that never makes the call: rank 0's waits give up and its next barrier says so
-            spin = Config(block_size=16, comm_sms=1, spin_limit=20)
-            x, out = ctx.full((4 * w,), 1.0), _poisoned((4 * w,), torch.float32, dev)
-            ctx.ccl.reduce_preamble(out, x, dst=0, config=spin)
-            if r == 0:
-                ctx.ccl.reduce(out, x, dst=0, config=spin)
-            try:
-                ctx.barrier()
-                raised = ""
-            except iris.WaitTimeout as e:
-                raised = str(e)
-            want = ("rank 0: ctx.ccl.reduce (reduce_scatter_gather) gave up waiting for rank 1: flag row 0 (program 0, "
-                    "wait 1 of the call) never reached epoch 1") if r == 0 else ""
-            if not raised.startswith(want) or (want == "") != (raised == ""):
-                bad.append(f"split reduce's WaitTimeout: {raised!r}")
+            if not _same(x, want if r == root else xs[r]):
+                bad.append(("reduce by stores in place", root, op.value, str(dtype)))
+            seen |= {k[6] for k in _store_reduces(ctx)}
+            if _rooted_reduces(ctx):
+                bad.append(("a rooted reduce plan was built beside the one by stores", rep))
+            ctx.ccl.free()  # a stage a shape: each rep's go back
+        if seen != {False, True}:
+            bad.append(("the reduce by stores did not run into both outs", seen))
+        if dev.type == "cuda":
+            bad += _store_reduce_graph(ctx, n0, cfg)
+        # a rank that never makes the call: rank 0's waits give up and its next barrier says so
+        spin = Config(block_size=16, comm_sms=1, spin_limit=20)
+        x, out = ctx.full((4 * w,), 1.0), _poisoned((4 * w,), torch.float32, dev)
+        ctx.ccl.reduce_preamble(out, x, dst=0, config=spin)
+        if r == 0:
+            ctx.ccl.reduce(out, x, dst=0, config=spin)
+        try:
             ctx.barrier()
-            ctx.ccl.free()
+            raised = ""
+        except iris.WaitTimeout as e:
+            raised = str(e)
+        want = ("rank 0: ctx.ccl.reduce (pipelined) gave up waiting for rank 1: flag row 0 (program 0, "
+                "wait 1 of the call) never reached epoch 1") if r == 0 else ""
+        if not raised.startswith(want) or (want == "") != (raised == ""):
+            bad.append(f"reduce by stores' WaitTimeout: {raised!r}")
+        ctx.barrier()
+        ctx.ccl.free()
     finally:
-        rooted.SPLIT_REDUCE = keep
+        rooted.STORE_REDUCE = keep
+    return bad
+
+
+def check_store_reduce_no_room(ctx):
+    """A whole-job reduce whose stage does not fit in the heap runs a form that stages nothing instead,
+    right, and leaves the heap as it was (the block freed for it is still there to take)."""
+    from iris.ccl import rooted
+    from iris.errors import HeapOutOfMemory
+    keep, rooted.STORE_REDUCE = rooted.STORE_REDUCE, 0
+    r, w, dev, bad = ctx.rank, ctx.world, ctx.device, []
+    ctx.ccl.free()
+    n = 1 << 18  # 1 MiB of float32; the stage takes at least 2 MiB
+    xs = [_data((n,), torch.float32, q, 7, dev) for q in range(w)]
+    x, fill = ctx.empty((n,), dtype=torch.float32).copy_(xs[r]), []
+    try:
+        while True:
+            fill.append(ctx.empty((n,), dtype=torch.float32))
+    except HeapOutOfMemory:
+        pass
+    ctx.free(fill.pop())
+    try:
+        ctx.ccl.reduce(x, dst=w - 1)
+        if not _same(x, _reduce(xs, ReduceOp.SUM) if r == w - 1 else xs[r]):
+            bad.append("reduce with no room for its stage")
+        if any(isinstance(k, tuple) and k[0] == "reduce" for k in ctx.ccl.plans):
+            bad.append("a reduce by stores was planned with no room for its stage")
+        fill.append(ctx.empty((n,), dtype=torch.float32))  # the block left free is still free
+    except HeapOutOfMemory as e:
+        bad.append(f"no room: {e}")
+    finally:
+        rooted.STORE_REDUCE = keep
+        for t in fill:
+            ctx.free(t)
+        ctx.free(x)
+        ctx.ccl.free()
+    return bad
+
+
+def _store_reduce_graph(ctx, n, cfg):
+    """A reduce by stores into a plain out and one in place, to two roots, captured in one CUDA graph and
+    replayed with new data."""
+    r, w, dev, ccl, bad = ctx.rank, ctx.world, ctx.device, ctx.ccl, []
+    x, out = ctx.empty((n,), dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16, device=dev)
+
+    def calls():
+        ccl.reduce(out, x, dst=w - 1, config=cfg)
+        ccl.reduce(x, dst=0, config=cfg)
+
+    calls()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for rep in range(3):
+        xs = [_data((n,), x.dtype, q, 80 + rep, dev) for q in range(w)]
+        x.copy_(xs[r])
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = _reduce(xs, ReduceOp.SUM)
+        if not _same(out, want if r == w - 1 else _poisoned((n,), x.dtype, dev)):
+            bad.append(("reduce by stores replayed", rep))
+        if not _same(x, want if r == 0 else xs[r]):
+            bad.append(("reduce by stores in place replayed", rep))
     return bad
 
 
@@ -511,7 +588,8 @@ def rank_host(world, dtypes, reps):
     dist = _dist(ctx)
     bad = run_all(ctx, dist, dtypes, reps, Config(block_size=16, comm_sms=2))  # 2 programs, partial blocks
     bad += check_spread(ctx, Config(block_size=16, comm_sms=2), dtypes, 3 * 16 * world)
-    bad += check_split_reduce(ctx, Config(block_size=16, comm_sms=2), dtypes)  # last: a rank gives up waiting
+    bad += check_store_reduce_no_room(ctx)
+    bad += check_store_reduce(ctx, Config(block_size=16, comm_sms=2), dtypes, 3 * 16 * world)  # a rank gives up
     bad += check_mailbox(ctx, Config(block_size=16, comm_sms=2), 0)
     bad += check_mailbox_split(ctx)
     bad += check_mailbox_released(ctx)
@@ -602,7 +680,7 @@ def graph_wrong(ctx, heap, group, ranks, shapes, replays):
 
 
 def rank_gpu(replays):
-    ctx = iris.iris(heap_size=1 << 28)
+    ctx = iris.iris(heap_size=1 << 30)  # the reduces by stores of check_spread stage 2-3x their tensor
     dist = _dist(ctx)
     # the default Config (many programs, 16-byte vectors), bf16 (the host runs every dtype): the whole job,
     # every rank reversed, and on 4 ranks A = [0, 2] and B = [1, 2, 3]
@@ -618,6 +696,7 @@ def rank_gpu(replays):
             wrong = graph_wrong(ctx, lambda i, s, d, k=k: slots[k](i, s, d), group, ranks, shapes, replays)
             if wrong:
                 bad.append(("graph", tuple(ranks), wrong))
+    bad += check_store_reduce(ctx, None, [torch.bfloat16, torch.float32], (1 << 20) + 3)  # a rank gives up
     dist.destroy_process_group()
     ctx.close()
     return bad

@@ -1,17 +1,18 @@
 """Rooted collectives behind ctx.ccl: broadcast in Iris's in-place form, reduce, scatter and gather. One
 rank, the root, sends to or receives from every member of the group; roots (src, dst) are positions in
 the group, as Iris numbers them. The kernel (kernels/pair.py's rooted_kernel) reads the members' inp in
-place, so inp must be a heap tensor, the same collective allocation on every member; nothing is
-allocated on the heap, and the same kernel serves the whole job and any subset group. Over three or
-more members a reduce into a heap out, and a broadcast from and into heap tensors, spread the work
-over the members but the root (kernels/pair.py's spread_kernel); a large whole-job reduce into any
-other out runs as a reduce_scatter then a gather (_Split), which allocates a part of a world-th on
-the heap. Also the plan checks and sizing that p2p.py shares. See docs/collectives.md.
+place, so inp must be a heap tensor, the same allocation on every member; nothing is allocated on the
+heap, and the same kernel serves the whole job and any subset group. A large whole-job reduce runs by
+stores (push.py's scatter_push_kernel, "rd": every rank but the root reduces a part, which it stores
+into the root), and its plan holds a stage on the heap; over three or more members of another group,
+a large reduce into a heap out, and a broadcast from and into heap tensors, spread the work over the
+members but the root (kernels/pair.py's spread_kernel). Also the plan checks and sizing that p2p.py
+shares. See docs/collectives.md.
 """
 from __future__ import annotations
 
 from ..allocators.offsets import round_up
-from ..errors import CollectiveError
+from ..errors import CollectiveError, HeapOutOfMemory
 from . import puts
 from .builders import pair_state, scatter_push
 from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, pair, position, same_dtype, tensor, within
@@ -33,7 +34,7 @@ def broadcast_src(ccl, pos, src, group) -> int:
     return ranks[src]
 
 
-SPLIT_REDUCE = 4 << 20  # bytes from which a whole-job reduce over 3+ ranks is a reduce_scatter then a gather
+STORE_REDUCE = 4 << 20  # bytes from which a whole-job reduce runs by stores (_stores)
 SPREAD = {"reduce": 4 << 20, "broadcast": 1 << 20}  # bytes from which, over 3+ members on heap tensors, spread
 
 
@@ -42,33 +43,19 @@ def reduce(ccl, out, inp, dst, op, group, config, launch=True):
     return _rooted(ccl, "reduce", out, inp, dst, "dst", group, config, op, launch)
 
 
-class _Split:
-    """reduce as a reduce_scatter into a heap part of a world-th, then a gather of the parts to the root:
-    the root's links carry about 2(world - 1)/world of the tensor instead of world - 1 copies of it. The
-    sums are the rooted kernel's (rank order, floats in fp32), and only the root's out is written.
-    Called as a plan: (inp, out), both contiguous."""
-    __slots__ = ("scatter", "gather", "parts", "workspace", "variant", "per_call", "part")
-
-    def __init__(self, scatter, gather, part):
-        self.scatter, self.gather, self.part = scatter, gather, part
-        self.parts = (scatter, gather)  # the plans whose waits can mark (iris/ccl/waits.py)
-        self.workspace, self.variant, self.per_call = scatter.workspace + (part,), "reduce_scatter_gather", ()
-
-    def __call__(self, inp, out):
-        self.scatter(inp.view(-1), self.part)
-        self.gather(self.part, out.view(-1))
-
-
-def _split(ccl, out, inp, dst, op, config) -> _Split:
-    key = ("reduce", dst, op, inp.shape, inp.dtype, out.shape, pair_knobs(config))
+def _stores(ccl, out, inp, dst, op, config):
+    """The whole job's reduce by stores (builders.scatter_push's "rd"), planned once per root, shapes and
+    residence of out (the reduced chunks go straight into a heap out); None where its stage (2 to 6 times
+    inp) does not fit in the heap, which every rank finds alike (a symmetric heap): the forms that stage
+    nothing run instead."""
+    cfg, out_heap = ccl._config(config), within(out, ccl.span)
+    key = ("reduce", dst, op, inp.shape, inp.dtype, out.shape, out_heap, cfg.key())  # waits.py names "reduce"
     plan = ccl.plans.get(key)
     if plan is None:
-        cfg = ccl._config(config)
-        w, n = ccl.ctx.world, inp.numel()
-        part = ccl.ctx.empty(n // w, dtype=inp.dtype)
-        flat = out.view(-1)
-        gather = _plan(ccl, "gather", flat, part, tuple(range(w)), dst, ReduceOp.SUM, pair_knobs(config))
-        plan = ccl.plans[key] = _Split(scatter_push(ccl, "rs", part, inp.view(-1), op, cfg), gather, part)
+        try:
+            plan = ccl.plans[key] = scatter_push(ccl, "rd", out, inp, op, cfg, dst, out_heap)
+        except HeapOutOfMemory:
+            return None
     return plan
 
 
@@ -83,7 +70,7 @@ def gather(ccl, out, inp, dst, group, config) -> None:
 def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True):
     """The plan of this call, the previous call's where this one repeats it (ccl.recent), else found or
     built after every check; (launch) runs it. Returns the plan."""
-    call = (root, op, group, SPLIT_REDUCE)  # SPLIT_REDUCE: reduce's split, which the plan remembers
+    call = (root, op, group, STORE_REDUCE)  # STORE_REDUCE: reduce's form, which the plan remembers
     m = ccl.recent.get(mode)
     if m is not None and m.repeats(out, inp, call, config):
         plan = m.plan
@@ -96,7 +83,7 @@ def _rooted(ccl, mode, out, inp, root, role, group, config, op, launch=True):
 
 
 def _checked(ccl, mode, out, inp, root, role, group, config, op):
-    """Checks the call, then finds or builds its plan (a whole-job reduce's _Split where _splits says)."""
+    """Checks the call, then finds or builds its plan (a whole-job reduce's by stores where _by_stores says)."""
     if mode == "reduce":
         op = ReduceOp.SUM if op is None else op
         try:
@@ -127,14 +114,15 @@ def _checked(ccl, mode, out, inp, root, role, group, config, op):
                     "scatter": f"in place, out must be inp's chunk of this rank's position {me}",
                     "gather": "the root reads inp at the same heap offset on every rank, and inp inside out sits "
                               "at another offset on each; pass a separate heap inp"}[mode])
+    stores = _stores(ccl, out, inp, root, op, config) if mode == "reduce" and _by_stores(ccl, out, inp, ranks) else None
+    if stores is not None:
+        return stores
     if mode == "reduce" and spreads(ccl, "reduce", out, inp, len(ranks)):
         key = ("spread",) + key[1:]
         plan = ccl.plans.get(key)
         if plan is None:
             plan = ccl.plans[key] = _spread(ccl, mode, out, inp, ranks, root, op, knob)
         return plan
-    if mode == "reduce" and _splits(ccl, inp, ranks):
-        return _split(ccl, out, inp, root, op, config)
     if plan is None:
         plan = ccl.plans[key] = (puts.plan(ccl, mode, out, inp, ranks, knob, op.value, root) if ccl.puts else
                                  _plan(ccl, mode, out, inp, ranks, root, op, knob))
@@ -164,12 +152,11 @@ def broadcast(ccl, out, inp, ranks, src, config) -> tuple:
     return plan, flags
 
 
-def _splits(ccl, inp, ranks) -> bool:
-    """Whether a reduce of inp over ranks runs as _Split: the whole job's, over 3+ ranks, from SPLIT_REDUCE
-    bytes, its elements a whole number of parts."""
-    w = ccl.ctx.world
-    return (w > 2 and not ccl.puts and inp.is_contiguous() and inp.numel() % w == 0
-            and inp.numel() * inp.element_size() >= SPLIT_REDUCE and ranks == tuple(range(w)))
+def _by_stores(ccl, out, inp, ranks) -> bool:
+    """Whether a reduce of inp into out over ranks runs by stores (_stores): the whole job, in rank order,
+    from STORE_REDUCE bytes, out and inp contiguous."""
+    return (ccl.ctx.world > 1 and not ccl.puts and inp.numel() * inp.element_size() >= STORE_REDUCE
+            and ranks == tuple(range(ccl.ctx.world)) and out.is_contiguous() and inp.is_contiguous())
 
 
 def _check_shapes(mode, out, inp, g) -> None:

@@ -91,39 +91,48 @@ def _reduce_slots(own, slots, stride, mask, rank, WORLD: tl.constexpr, OP: tl.co
 
 @triton.jit
 def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, cs, per, seg, parity_stride, cols,
-                        rank, WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
+                        rank, root, WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
                         IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr, IN_HEAP: tl.constexpr,
-                        OUT_HEAP: tl.constexpr):
-    """reduce_scatter ("rs"), all_gather ("ag"), all_to_all ("a2a") and all_reduce ("ar") by remote
-    stores: rank r stores what peer q gets of its input (chunk q of n elements at q * n, all of inp, or
-    column block q) into slot r of q's stage (slots cs apart), and builds out from its own part and the
-    WORLD-1 slots of its stage: reduced in rank order (_reduce_slots) or copied into place. Program p's
-    range of a chunk, [p * per, p * per + per), is cut into cdiv(per, seg) segments (seg a multiple of
-    BLOCK; seg = per: one exchange): the program stores segment 0 and signals it, then for each segment
-    j waits for every peer's signal of j and, in one loop, builds segment j of out while it stores
-    segment j + 1 into the peers, then signals j + 1, so the local pass runs beside the stores over the
-    links (on NVLink, posted writes reach more bandwidth than loads that wait for their data). Segment
-    j's flags are row j * programs + p. Peers are taken in turn from rank + 1, so no rank receives from
-    every other at once. cols: columns per rank ("a2a"). The stage alternates between two copies
-    (parity_stride apart) by epoch parity: program p writes a peer's copy e % 2 in call e only after it
-    waited, in call e - 1, for all that peer's program p's signals, raised after its reads of call e - 2
-    ended.
+                        OUT_HEAP: tl.constexpr, ROOT_OWNS: tl.constexpr = False):
+    """reduce_scatter ("rs"), all_gather ("ag"), all_to_all ("a2a"), all_reduce ("ar") and reduce ("rd")
+    by remote stores: rank r stores what peer q gets of its input (chunk q of n elements at q * n, all of
+    inp, or column block q) into slot r of q's stage (slots cs apart), and builds out from its own part
+    and the WORLD-1 slots of its stage: reduced in rank order (_reduce_slots) or copied into place.
+    Program p's range of a chunk, [p * per, p * per + per), is cut into cdiv(per, seg) segments (seg a
+    multiple of BLOCK; seg = per: one exchange): the program stores segment 0 and signals it, then for
+    each segment j waits for every peer's signal of j and, in one loop, builds segment j of out while it
+    stores segment j + 1 into the peers, then signals j + 1, so the local pass runs beside the stores
+    over the links (on NVLink, posted writes reach more bandwidth than loads that wait for their data).
+    Segment j's flags are row j * programs + p. Peers are taken in turn from rank + 1, so no rank
+    receives from every other at once. cols: columns per rank ("a2a"). The stage alternates between two
+    copies (parity_stride apart) by epoch parity: program p writes a peer's copy e % 2 in call e only
+    after it waited, in call e - 1, for all that peer's program p's signals, raised after its reads of
+    call e - 2 ended.
     "ar" is "rs" over chunks of n elements (the last one short: elements from total on are masked) that
     also stores each reduced segment into every rank: into its out where out is the same heap tensor
     everywhere (OUT_HEAP), else into the gather half of its stage (the copy's second WORLD * cs), then
     signals it (rows from segs * programs on); a rank copies the peers' reduced segment j - 1 from its
-    gather half into out once it has stored segment j, and the last one at the end."""
+    gather half into out once it has stored segment j, and the last one at the end.
+    "rd" is "ar" with the chunks owned by the ranks but the root (chunk k by the k-th of them, root: a
+    rank) and each reduced segment stored into the root alone, so that every rank's links carry about
+    the tensor once each way; ROOT_OWNS (two ranks): the root owns the one chunk, the other rank stores
+    all of its inp into it, and the stage holds that one slot (cs = 0: every slot index lands on it).
+    Other modes pass root = WORLD, so that rank q owns chunk q."""
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
     programs = tl.num_programs(0)
     segs = tl.cdiv(per, seg)
     buf = stage + (e % 2) * parity_stride
     ar = tl.arange(0, BLOCK)
+    owns, part = _owner(rank, root, ar, ROOT_OWNS)
+    gathers: tl.constexpr = (MODE == "ar" or MODE == "rd") and not ROOT_OWNS  # a second hop, signalled
+    takes = (rank == root) | (root == WORLD)  # receives reduced segments ("ar": every rank, "rd": the root)
     for s in range(lo, tl.minimum(lo + seg, hi), BLOCK):
         o = s + ar
-        _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
+        _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, o < hi, WORLD, MODE, VEC,
+                 ROOT_OWNS)
     _signal(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
-    gathered = flags + segs * programs * WORLD  # "ar": row j * programs + p, segment j reduced and in place
+    gathered = flags + segs * programs * WORLD  # row j * programs + p: segment j reduced and in place
     for j in range(segs):
         row = flags + (j * programs + pid) * WORLD
         _wait_peers(row, e, rank, WORLD, PEERS, SPIN)
@@ -133,49 +142,69 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, 
             i = s + ar
             mask = i < hi
             o = i + seg
-            if MODE == "rs" or MODE == "ar":
-                mask = mask & (rank * n + i < total)
-                acc = _reduce_slots(inp + rank * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
+            if MODE == "rs" or MODE == "ar" or MODE == "rd":
+                mask = mask & owns & (part * n + i < total)
+                acc = _reduce_slots(inp + part * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
             else:
                 _unstage(out, buf, n, cs, cols, rank, i, mask, WORLD, MODE)
-            _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, o, o < hi, WORLD, MODE, VEC)
-            if MODE == "rs":
+            _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, o < hi, WORLD, MODE, VEC,
+                     ROOT_OWNS)
+            if MODE == "rs" or ROOT_OWNS:  # out: this rank's chunk ("rs"), the one chunk (ROOT_OWNS)
                 tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
-            elif MODE == "ar":
-                _gather_to_peers(out, buf, heap_bases, mine, n, cs, rank, i, acc.to(out.dtype.element_ty), mask,
-                                 WORLD, OUT_HEAP, VEC)
+            elif gathers:
+                _gather_to_peers(out, buf, heap_bases, mine, n, cs, rank, root, part, i, acc.to(out.dtype.element_ty),
+                                 mask, WORLD, MODE, OUT_HEAP, VEC)
         if j + 1 < segs:
             _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
-        if MODE == "ar":
-            _signal(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
-            if not OUT_HEAP and j > 0:  # the peers' segment before, which landed while this one was stored
-                _copy_gathered(out, buf, gathered, e, n, total, cs, rank, lo + (j - 1) * seg, hi, seg,
-                               (j - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
-    if MODE == "ar":  # the peers' last segment (their signal of it follows their stores of every one)
-        if OUT_HEAP:
-            _wait_peers(gathered + ((segs - 1) * programs + pid) * WORLD, e, rank, WORLD, PEERS, SPIN)
-        else:
-            _copy_gathered(out, buf, gathered, e, n, total, cs, rank, lo + (segs - 1) * seg, hi, seg,
-                           (segs - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
+        if gathers:
+            if rank != root:
+                _signal(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
+            if not OUT_HEAP:
+                if takes & (j > 0):  # the peers' segment before, which landed while this one was stored
+                    _copy_gathered(out, buf, gathered, e, n, total, cs, rank, root, lo + (j - 1) * seg, hi, seg,
+                                   (j - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
+    if gathers:  # the peers' last segment (their signal of it follows their stores of every one)
+        if takes:
+            if OUT_HEAP:
+                _wait_peers(gathered + ((segs - 1) * programs + pid) * WORLD, e, rank, WORLD, PEERS, SPIN)
+            else:
+                _copy_gathered(out, buf, gathered, e, n, total, cs, rank, root, lo + (segs - 1) * seg, hi, seg,
+                               (segs - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
 
 
 @triton.jit
-def _gather_to_peers(out, buf, heap_bases, mine, n, cs, rank, i, r, mask, WORLD: tl.constexpr,
-                     OUT_HEAP: tl.constexpr, VEC: tl.constexpr):
-    """all_reduce's reduced elements i of this rank's chunk into its out and, from rank + 1 on, into every
-    peer's out (OUT_HEAP) or slot rank of the gather half of that peer's stage buf."""
-    tl.store(out + rank * n + i, r, mask=mask)
+def _owner(q, root, o, ROOT_OWNS: tl.constexpr):
+    """(whether rank q reduces a chunk, as a block of o's shape: the interpreter masks with blocks only;
+    which chunk): every rank but root, in rank order (root = WORLD: every rank its own), or root alone
+    its one chunk (ROOT_OWNS)."""
+    if ROOT_OWNS:
+        return o * 0 + q == root, q * 0
+    else:
+        return o * 0 + q != root, q - (q > root).to(tl.int32)
+
+
+@triton.jit
+def _gather_to_peers(out, buf, heap_bases, mine, n, cs, rank, root, part, i, r, mask, WORLD: tl.constexpr,
+                     MODE: tl.constexpr, OUT_HEAP: tl.constexpr, VEC: tl.constexpr):
+    """This rank's reduced elements i (r) of chunk `part` into the ranks that take them: "ar": this
+    rank's out and, from rank + 1 on, every peer's; "rd": the root's. A peer's out where OUT_HEAP, else
+    slot rank of the gather half of that peer's stage buf."""
+    if MODE == "ar":
+        tl.store(out + part * n + i, r, mask=mask)
     for j in tl.static_range(1, WORLD):
         q = (rank + j) % WORLD
+        m = mask
+        if MODE == "rd":
+            m = m & (i * 0 + q == root)  # a block: the interpreter masks with blocks only
         delta = _peer_offset(heap_bases, q, mine, VEC)
         if OUT_HEAP:
-            tl.store(out + delta + rank * n + i, r, mask=mask)
+            tl.store(out + delta + part * n + i, r, mask=m)
         else:
-            tl.store(buf + delta + (WORLD + rank) * cs + i, r, mask=mask)
+            tl.store(buf + delta + (WORLD + rank) * cs + i, r, mask=m)
 
 
 @triton.jit
-def _copy_gathered(out, buf, gathered, e, n, total, cs, rank, a, hi, seg, row, WORLD: tl.constexpr,
+def _copy_gathered(out, buf, gathered, e, n, total, cs, rank, root, a, hi, seg, row, WORLD: tl.constexpr,
                    PEERS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
     """Once every peer signalled flag row `row` of gathered (its reduced elements [a, a + seg) of its
     chunk landed), those elements from the gather half of buf into their chunks of out."""
@@ -185,13 +214,14 @@ def _copy_gathered(out, buf, gathered, e, n, total, cs, rank, a, hi, seg, row, W
         i = s + ar
         for k in tl.static_range(1, WORLD):
             q = (rank + k) % WORLD
-            mask = (i < hi) & (q * n + i < total)
-            tl.store(out + q * n + i, tl.load(buf + (WORLD + q) * cs + i, mask=mask), mask=mask)
+            _, c = _owner(q, root, i, False)
+            mask = (i < hi) & (c * n + i < total)
+            tl.store(out + c * n + i, tl.load(buf + (WORLD + q) * cs + i, mask=mask), mask=mask)
 
 
 @triton.jit
-def _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, o, mask, WORLD: tl.constexpr,
-             MODE: tl.constexpr, VEC: tl.constexpr):
+def _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, mask, WORLD: tl.constexpr,
+             MODE: tl.constexpr, VEC: tl.constexpr, ROOT_OWNS: tl.constexpr):
     """Elements o (where mask holds) of what each peer gets of inp into this rank's slot of that peer's
     stage buf, from rank + 1 on; this rank's own part straight into out ("ag", "a2a")."""
     if MODE == "ag":
@@ -202,13 +232,16 @@ def _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, o, mask,
         tl.store(out + own, tl.load(inp + own, mask=mask), mask=mask)
     for j in tl.static_range(1, WORLD):
         q = (rank + j) % WORLD
+        m = mask
         if MODE == "rs":
-            x = tl.load(inp + q * n + o, mask=mask)
-        elif MODE == "ar":
-            x = tl.load(inp + q * n + o, mask=mask & (q * n + o < total))
+            x = tl.load(inp + q * n + o, mask=m)
+        elif MODE == "ar" or MODE == "rd":
+            owns, c = _owner(q, root, o, ROOT_OWNS)
+            m = m & owns & (c * n + o < total)
+            x = tl.load(inp + c * n + o, mask=m)
         elif MODE == "a2a":
-            x = tl.load(inp + _a2a_index(o, q, cols, WORLD), mask=mask)
-        tl.store(buf + _peer_offset(heap_bases, q, mine, VEC) + rank * cs + o, x, mask=mask)
+            x = tl.load(inp + _a2a_index(o, q, cols, WORLD), mask=m)
+        tl.store(buf + _peer_offset(heap_bases, q, mine, VEC) + rank * cs + o, x, mask=m)
 
 
 @triton.jit
