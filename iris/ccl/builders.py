@@ -304,31 +304,29 @@ def _workspace(ccl, programs, chunks, cs, dtype, rows):
 
 def scatter_push(ccl, mode, out, inp, op, cfg, root=None, out_heap=False):
     """reduce_scatter two_shot ("rs"), and the pipelined all_gather, all_to_all, all_reduce ("ar",
-    two_shot_push's pipelined form) and reduce ("rd", to the rank `root`, into its out where out_heap,
-    always pipelined): every rank stores each peer's part into a slot of that peer's stage, in segments
-    where pipelined() says so. "ar" reduces chunks of inp.numel() / world rounded up to 16 elements, "rd"
-    of inp.numel() / (world - 1) (over 2 ranks, the root the whole), and their stage holds a gather half
-    beside the slots where the reduced chunks go through it."""
+    two_shot_push's pipelined form) and reduce ("rd", 3+ ranks, to the rank `root`, into its out where
+    out_heap, always pipelined): every rank stores each peer's part into a slot of that peer's stage, in
+    segments where pipelined() says so. "ar" reduces chunks of inp.numel() / world rounded up to 16
+    elements, "rd" of inp.numel() / (world - 1), and their stage holds a gather half beside the slots
+    where the reduced chunks go through it."""
     ctx, w = ccl.ctx, ccl.ctx.world
     total = inp.numel()
-    owns = mode == "rd" and w == 2  # the root reduces all: the other rank's stores carry inp once
-    n = (total if owns else round_up(-(-total // (w - 1)), 16)) if mode == "rd" else \
+    n = round_up(-(-total // (w - 1)), 16) if mode == "rd" else \
         round_up(-(-total // w), 16) if mode == "ar" else elements(mode, out, inp, w)
     programs, per, block, cs = _sizes(n, inp, cfg)
     seg = segment(per, block, cfg.pull_segments or SEGMENTS) if pipelined(mode, inp, cfg, w) else per
-    rows = 2 if mode == "ar" or (mode == "rd" and not owns) else 1  # the second: reduced segments landed
-    halves = 2 if mode == "ar" or (rows == 2 and not out_heap) else 1
-    slots = 1 if owns else halves * w  # owns: the one sender's slot, at 0 (the kernel's cs is 0)
-    stage, flags, counters = workspace = _workspace(ccl, programs, slots, cs, inp.dtype, rows * -(-per // seg))
+    rows = 2 if mode in ("ar", "rd") else 1  # the second: reduced segments landed
+    halves = 2 if mode == "ar" or (mode == "rd" and not out_heap) else 1
+    stage, flags, counters = workspace = _workspace(ccl, programs, halves * w, cs, inp.dtype, rows * -(-per // seg))
     variant = "two_shot" if seg == per and mode == "rs" else "pipelined"
     return Plan(scatter_push_kernel, programs, options(cfg, 8), workspace, variant,
                 ("IN_HEAP", "OUT_HEAP") if mode == "ar" else (),
                 inp=inp, out=out, stage=stage, flags=flags, counters=counters, heap_bases=ctx.get_heap_bases(),
-                n=n, total=total if mode in ("ar", "rd") else w * n, cs=0 if owns else cs, per=per, seg=seg,
-                parity_stride=slots * cs, cols=inp.shape[1] // w if mode == "a2a" else 1, rank=ctx.rank,
+                n=n, total=total if mode in ("ar", "rd") else w * n, cs=cs, per=per, seg=seg,
+                parity_stride=halves * w * cs, cols=inp.shape[1] // w if mode == "a2a" else 1, rank=ctx.rank,
                 root=w if root is None else root, WORLD=w, PEERS=pow2(w), MODE=mode, OP=op.value,
                 IS_FLOAT=inp.dtype.is_floating_point, BLOCK=block, SPIN=cfg.spin_limit, IN_HEAP=False,
-                OUT_HEAP=out_heap, ROOT_OWNS=owns)
+                OUT_HEAP=out_heap)
 
 
 def broadcast(ccl, out, inp, cfg, src):

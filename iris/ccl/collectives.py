@@ -275,8 +275,8 @@ class CCL:
         not written. inp=None reduces out in place (Iris's tests call reduce(tensor, dst=...)); else out
         is inp or apart from it. inp: a heap tensor, the same allocation on every member (dst reads it
         in place); out: any tensor of inp's shape. Config.reduce_variant ("one_shot", "two_shot") is
-        accepted as Iris names it; both run the one rooted kernel, or from 4 MiB over the whole job a
-        reduce by stores, over 3+ members of another group the work spread over the members (out on the
+        accepted as Iris names it; both run the one rooted kernel, or from 4 MiB over 3+ ranks, over the
+        whole job a reduce by stores, over another group the work spread over the members (out on the
         heap; iris/ccl/rooted.py). workspace= is accepted for Iris
         (plans are found by shape). Collective: all ranks (of the group), same order, same sizes."""
         self.order.enter()

@@ -2,12 +2,12 @@
 rank, the root, sends to or receives from every member of the group; roots (src, dst) are positions in
 the group, as Iris numbers them. The kernel (kernels/pair.py's rooted_kernel) reads the members' inp in
 place, so inp must be a heap tensor, the same allocation on every member; nothing is allocated on the
-heap, and the same kernel serves the whole job and any subset group. A large whole-job reduce runs by
-stores (push.py's scatter_push_kernel, "rd": every rank but the root reduces a part, which it stores
-into the root), and its plan holds a stage on the heap; over three or more members of another group,
-a large reduce into a heap out, and a broadcast from and into heap tensors, spread the work over the
-members but the root (kernels/pair.py's spread_kernel). Also the plan checks and sizing that p2p.py
-shares. See docs/collectives.md.
+heap, and the same kernel serves the whole job and any subset group. A large reduce over a whole job
+of three or more ranks runs by stores (push.py's scatter_push_kernel, "rd": every rank but the root
+reduces a part, which it stores into the root), and its plan holds a stage on the heap; over three or
+more members of another group, a large reduce into a heap out, and a broadcast from and into heap
+tensors, spread the work over the members but the root (kernels/pair.py's spread_kernel). Also the
+plan checks and sizing that p2p.py shares. See docs/collectives.md.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def broadcast_src(ccl, pos, src, group) -> int:
     return ranks[src]
 
 
-STORE_REDUCE = 4 << 20  # bytes from which a whole-job reduce runs by stores (_stores)
+STORE_REDUCE = 4 << 20  # bytes from which a whole-job reduce over 3+ ranks runs by stores (_stores)
 SPREAD = {"reduce": 4 << 20, "broadcast": 1 << 20}  # bytes from which, over 3+ members on heap tensors, spread
 
 
@@ -153,9 +153,10 @@ def broadcast(ccl, out, inp, ranks, src, config) -> tuple:
 
 
 def _by_stores(ccl, out, inp, ranks) -> bool:
-    """Whether a reduce of inp into out over ranks runs by stores (_stores): the whole job, in rank order,
-    from STORE_REDUCE bytes, out and inp contiguous."""
-    return (ccl.ctx.world > 1 and not ccl.puts and inp.numel() * inp.element_size() >= STORE_REDUCE
+    """Whether a reduce of inp into out over ranks runs by stores (_stores): the whole job of 3+ ranks, in
+    rank order, from STORE_REDUCE bytes, out and inp contiguous. Over 2 ranks the rooted kernel's root
+    reads its one peer's tensor, the link's whole load either way, and stages nothing."""
+    return (ccl.ctx.world > 2 and not ccl.puts and inp.numel() * inp.element_size() >= STORE_REDUCE
             and ranks == tuple(range(ccl.ctx.world)) and out.is_contiguous() and inp.is_contiguous())
 
 

@@ -93,7 +93,7 @@ def _reduce_slots(own, slots, stride, mask, rank, WORLD: tl.constexpr, OP: tl.co
 def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, cs, per, seg, parity_stride, cols,
                         rank, root, WORLD: tl.constexpr, PEERS: tl.constexpr, MODE: tl.constexpr, OP: tl.constexpr,
                         IS_FLOAT: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr, IN_HEAP: tl.constexpr,
-                        OUT_HEAP: tl.constexpr, ROOT_OWNS: tl.constexpr = False):
+                        OUT_HEAP: tl.constexpr):
     """reduce_scatter ("rs"), all_gather ("ag"), all_to_all ("a2a"), all_reduce ("ar") and reduce ("rd")
     by remote stores: rank r stores what peer q gets of its input (chunk q of n elements at q * n, all of
     inp, or column block q) into slot r of q's stage (slots cs apart), and builds out from its own part
@@ -113,24 +113,21 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, 
     everywhere (OUT_HEAP), else into the gather half of its stage (the copy's second WORLD * cs), then
     signals it (rows from segs * programs on); a rank copies the peers' reduced segment j - 1 from its
     gather half into out once it has stored segment j, and the last one at the end.
-    "rd" is "ar" with the chunks owned by the ranks but the root (chunk k by the k-th of them, root: a
-    rank) and each reduced segment stored into the root alone, so that every rank's links carry about
-    the tensor once each way; ROOT_OWNS (two ranks): the root owns the one chunk, the other rank stores
-    all of its inp into it, and the stage holds that one slot (cs = 0: every slot index lands on it).
-    Other modes pass root = WORLD, so that rank q owns chunk q."""
+    "rd" (three or more ranks) is "ar" with the chunks owned by the ranks but the root (chunk k by the
+    k-th of them, root: a rank) and each reduced segment stored into the root alone, so that every
+    rank's links carry about the tensor once each way. Other modes pass root = WORLD, so that rank q
+    owns chunk q."""
     VEC: tl.constexpr = 16 // (stage.dtype.element_ty.primitive_bitwidth // 8)
     pid, e, mine, lo, hi = _start(counters, heap_bases, rank, per, n)
     programs = tl.num_programs(0)
     segs = tl.cdiv(per, seg)
     buf = stage + (e % 2) * parity_stride
     ar = tl.arange(0, BLOCK)
-    owns, part = _owner(rank, root, ar, ROOT_OWNS)
-    gathers: tl.constexpr = (MODE == "ar" or MODE == "rd") and not ROOT_OWNS  # a second hop, signalled
+    owns, part = _owner(rank, root, ar)
     takes = (rank == root) | (root == WORLD)  # receives reduced segments ("ar": every rank, "rd": the root)
     for s in range(lo, tl.minimum(lo + seg, hi), BLOCK):
         o = s + ar
-        _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, o < hi, WORLD, MODE, VEC,
-                 ROOT_OWNS)
+        _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, o < hi, WORLD, MODE, VEC)
     _signal(flags + pid * WORLD, e, rank, heap_bases, WORLD, PEERS)
     gathered = flags + segs * programs * WORLD  # row j * programs + p: segment j reduced and in place
     for j in range(segs):
@@ -147,23 +144,27 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, 
                 acc = _reduce_slots(inp + part * n + i, buf + i, cs, mask, rank, WORLD, OP, IS_FLOAT)
             else:
                 _unstage(out, buf, n, cs, cols, rank, i, mask, WORLD, MODE)
-            _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, o < hi, WORLD, MODE, VEC,
-                     ROOT_OWNS)
-            if MODE == "rs" or ROOT_OWNS:  # out: this rank's chunk ("rs"), the one chunk (ROOT_OWNS)
+            _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, o < hi, WORLD, MODE, VEC)
+            if MODE == "rs":
                 tl.store(out + i, acc.to(out.dtype.element_ty), mask=mask)
-            elif gathers:
+            elif MODE == "ar" or MODE == "rd":
                 _gather_to_peers(out, buf, heap_bases, mine, n, cs, rank, root, part, i, acc.to(out.dtype.element_ty),
                                  mask, WORLD, MODE, OUT_HEAP, VEC)
         if j + 1 < segs:
             _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
-        if gathers:
-            if rank != root:
-                _signal(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
+        if MODE == "ar":
+            _signal(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
+        elif MODE == "rd":
+            if rank != root:  # to the root alone: a signal that no rank waits for could land after the call
+                peers = tl.arange(0, PEERS)  # ended, in memory reused by then
+                _signal_wait(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, peers == root, peers < 0,
+                             PEERS, SPIN)
+        if MODE == "ar" or MODE == "rd":
             if not OUT_HEAP:
                 if takes & (j > 0):  # the peers' segment before, which landed while this one was stored
                     _copy_gathered(out, buf, gathered, e, n, total, cs, rank, root, lo + (j - 1) * seg, hi, seg,
                                    (j - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
-    if gathers:  # the peers' last segment (their signal of it follows their stores of every one)
+    if MODE == "ar" or MODE == "rd":  # the peers' last segment (their signal of it follows their stores)
         if takes:
             if OUT_HEAP:
                 _wait_peers(gathered + ((segs - 1) * programs + pid) * WORLD, e, rank, WORLD, PEERS, SPIN)
@@ -173,14 +174,10 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, 
 
 
 @triton.jit
-def _owner(q, root, o, ROOT_OWNS: tl.constexpr):
+def _owner(q, root, o):
     """(whether rank q reduces a chunk, as a block of o's shape: the interpreter masks with blocks only;
-    which chunk): every rank but root, in rank order (root = WORLD: every rank its own), or root alone
-    its one chunk (ROOT_OWNS)."""
-    if ROOT_OWNS:
-        return o * 0 + q == root, q * 0
-    else:
-        return o * 0 + q != root, q - (q > root).to(tl.int32)
+    which chunk): every rank but root, in rank order (root = WORLD: every rank its own)."""
+    return o * 0 + q != root, q - (q > root).to(tl.int32)
 
 
 @triton.jit
@@ -214,14 +211,14 @@ def _copy_gathered(out, buf, gathered, e, n, total, cs, rank, root, a, hi, seg, 
         i = s + ar
         for k in tl.static_range(1, WORLD):
             q = (rank + k) % WORLD
-            _, c = _owner(q, root, i, False)
+            _, c = _owner(q, root, i)
             mask = (i < hi) & (c * n + i < total)
             tl.store(out + c * n + i, tl.load(buf + (WORLD + q) * cs + i, mask=mask), mask=mask)
 
 
 @triton.jit
 def _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o, mask, WORLD: tl.constexpr,
-             MODE: tl.constexpr, VEC: tl.constexpr, ROOT_OWNS: tl.constexpr):
+             MODE: tl.constexpr, VEC: tl.constexpr):
     """Elements o (where mask holds) of what each peer gets of inp into this rank's slot of that peer's
     stage buf, from rank + 1 on; this rank's own part straight into out ("ag", "a2a")."""
     if MODE == "ag":
@@ -236,7 +233,7 @@ def _scatter(inp, out, buf, heap_bases, mine, n, total, cs, cols, rank, root, o,
         if MODE == "rs":
             x = tl.load(inp + q * n + o, mask=m)
         elif MODE == "ar" or MODE == "rd":
-            owns, c = _owner(q, root, o, ROOT_OWNS)
+            owns, c = _owner(q, root, o)
             m = m & owns & (c * n + o < total)
             x = tl.load(inp + c * n + o, mask=m)
         elif MODE == "a2a":
