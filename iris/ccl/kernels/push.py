@@ -176,8 +176,9 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, 
 @triton.jit
 def _owner(q, root, o):
     """(whether rank q reduces a chunk, as a block of o's shape: the interpreter masks with blocks only;
-    which chunk): every rank but root, in rank order (root = WORLD: every rank its own)."""
-    return o * 0 + q != root, q - (q > root).to(tl.int32)
+    which chunk): every rank but root, in rank order (root = WORLD: every rank its own). q and root may
+    both be compile-time ints (a launch specialises an int argument equal to 1)."""
+    return o * 0 + q != root, q - (q > root) * 1
 
 
 @triton.jit
