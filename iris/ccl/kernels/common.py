@@ -23,13 +23,19 @@ def _exchange(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.const
 
 @triton.jit
 def _signal(row, epoch, rank, heap_bases, WORLD: tl.constexpr, PEERS: tl.constexpr):
-    """_exchange's first half: orders the program's earlier accesses before it, then writes epoch into
-    slot `rank` of `row` on every peer (release, sys)."""
+    """_exchange's first half: _signal_to every peer."""
+    peers = tl.arange(0, PEERS)
+    _signal_to(row, epoch, rank, heap_bases, (peers < WORLD) & (peers != rank), PEERS)
+
+
+@triton.jit
+def _signal_to(row, epoch, rank, heap_bases, to, PEERS: tl.constexpr):
+    """Orders the program's earlier accesses before it, then writes epoch into slot `rank` of `row` on the
+    peers where `to` holds (a PEERS-wide mask over ranks; release, sys)."""
     tl.debug_barrier()
     peers = tl.arange(0, PEERS)
-    live = (peers < WORLD) & (peers != rank)
-    slots = _translate(row + rank, rank, tl.where(live, peers, rank), heap_bases)
-    tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=live, sem="release", scope="sys")
+    slots = _translate(row + rank, rank, tl.where(to, peers, rank), heap_bases)
+    tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=to, sem="release", scope="sys")
 
 
 @triton.jit
@@ -76,11 +82,8 @@ def _signal_wait(row, epoch, rank, heap_bases, to, frm, PEERS: tl.constexpr, SPI
     """Writes epoch into slot `rank` of `row` on the peers where `to` holds (release, sys), then waits
     until this rank's row holds at least epoch in the slots where `frm` holds (acquire, sys). to, frm:
     PEERS-wide masks over ranks. Giving up (SPIN) marks slot `rank` of this rank's own row."""
-    tl.debug_barrier()
-    peers = tl.arange(0, PEERS)
-    slots = _translate(row + rank, rank, tl.where(to, peers, rank), heap_bases)
-    tl.atomic_xchg(slots, tl.zeros([PEERS], tl.int64) + epoch, mask=to, sem="release", scope="sys")
-    _await(row + peers, frm, epoch, row + rank, SPIN)
+    _signal_to(row, epoch, rank, heap_bases, to, PEERS)
+    _await(row + tl.arange(0, PEERS), frm, epoch, row + rank, SPIN)
     tl.debug_barrier()
 
 

@@ -6,7 +6,8 @@ destination rank)."""
 import triton
 import triton.language as tl
 
-from .common import _a2a_index, _combine, _epoch, _exchange, _peer_offset, _signal, _signal_wait, _start, _wait_peers
+from .common import (_a2a_index, _combine, _epoch, _exchange, _peer_offset, _signal, _signal_to, _signal_wait,
+                     _start, _wait_peers)
 
 
 @triton.jit
@@ -154,16 +155,14 @@ def scatter_push_kernel(inp, out, stage, flags, counters, heap_bases, n, total, 
             _signal(row + programs * WORLD, e, rank, heap_bases, WORLD, PEERS)
         if MODE == "ar":
             _signal(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, WORLD, PEERS)
-        elif MODE == "rd":
-            if rank != root:  # to the root alone: a signal that no rank waits for could land after the call
-                peers = tl.arange(0, PEERS)  # ended, in memory reused by then
-                _signal_wait(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, peers == root, peers < 0,
-                             PEERS, SPIN)
-        if MODE == "ar" or MODE == "rd":
-            if not OUT_HEAP:
-                if takes & (j > 0):  # the peers' segment before, which landed while this one was stored
-                    _copy_gathered(out, buf, gathered, e, n, total, cs, rank, root, lo + (j - 1) * seg, hi, seg,
-                                   (j - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
+        elif MODE == "rd":  # to the root alone: a signal that no rank waits for could land after the call
+            if rank != root:  # ended, in memory reused by then
+                _signal_to(gathered + (j * programs + pid) * WORLD, e, rank, heap_bases, tl.arange(0, PEERS) == root,
+                           PEERS)
+        if (MODE == "ar" or MODE == "rd") and not OUT_HEAP:
+            if takes & (j > 0):  # the peers' segment before, which landed while this one was stored
+                _copy_gathered(out, buf, gathered, e, n, total, cs, rank, root, lo + (j - 1) * seg, hi, seg,
+                               (j - 1) * programs + pid, WORLD, PEERS, BLOCK, SPIN)
     if MODE == "ar" or MODE == "rd":  # the peers' last segment (their signal of it follows their stores)
         if takes:
             if OUT_HEAP:
