@@ -359,9 +359,10 @@ def run(ctx, output, A, B, ws, bias=None) -> torch.Tensor:
     watched (Watch)."""
     if output.numel():
         watch = ws.get("watch")
-        watch = None if watch is None or torch.cuda.is_current_stream_capturing() else watch
+        capturing = None if watch is None else torch.cuda.is_current_stream_capturing()
+        watch = None if capturing else watch
         begun = watch and watch.mark()
-        replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias))
+        replayed(ws, (A, B, output, bias), lambda: _sequence(ctx, output, A, B, ws, bias), capturing)
         if watch is not None:
             watch.add(ws, begun, watch.mark())
     return output
@@ -449,13 +450,14 @@ class Watch:
             since = None
 
 
-def replayed(ws, tensors, sequence) -> None:
+def replayed(ws, tensors, sequence, capturing=None) -> None:
     """sequence() on the current stream; an eager call with the tensors of the last CAPTURE_AFTER calls
     (addresses and strides; None entries skipped) replays a CUDA graph of it, so that its launches cost
-    one. Under the caller's own capture, on the host or the interpreter, it runs as it is; where capture
-    fails, it runs as it is from then on and ws["no_graph"] says why."""
-    if interpreted() or torch.cuda.is_current_stream_capturing() or "no_graph" in ws \
-            or tensors[0].device.type != "cuda":
+    one. Under the caller's own capture (capturing, where the caller already asked), on the host or the
+    interpreter, it runs as it is; where capture fails, it runs as it is from then on and ws["no_graph"]
+    says why."""
+    if interpreted() or tensors[0].device.type != "cuda" or "no_graph" in ws \
+            or (torch.cuda.is_current_stream_capturing() if capturing is None else capturing):
         sequence()
         return
     key = tuple((t.data_ptr(), t.stride()) for t in tensors if t is not None)
