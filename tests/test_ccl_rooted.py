@@ -376,6 +376,24 @@ def check_store_reduce_no_room(ctx):
     return bad
 
 
+def _replays(ctx, x, out, calls, seed):
+    """calls() run once, then captured in one CUDA graph and replayed 3 times, each after new data into x
+    (rank q's: _data(seed + rep)) and POISON into out; yields (rep, every rank's data) after each replay."""
+    r, w, dev = ctx.rank, ctx.world, ctx.device
+    calls()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for rep in range(3):
+        xs = [_data(tuple(x.shape), x.dtype, q, seed + rep, dev) for q in range(w)]
+        x.copy_(xs[r])
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        yield rep, xs
+
+
 def _store_reduce_graph(ctx, n, cfg):
     """A reduce by stores into a plain out and one in place, to two roots, captured in one CUDA graph and
     replayed with new data."""
@@ -386,17 +404,7 @@ def _store_reduce_graph(ctx, n, cfg):
         ccl.reduce(out, x, dst=w - 1, config=cfg)
         ccl.reduce(x, dst=0, config=cfg)
 
-    calls()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    for rep in range(3):
-        xs = [_data((n,), x.dtype, q, 80 + rep, dev) for q in range(w)]
-        x.copy_(xs[r])
-        out.fill_(POISON)
-        graph.replay()
-        torch.cuda.synchronize()
+    for rep, xs in _replays(ctx, x, out, calls, 80):
         want = _reduce(xs, ReduceOp.SUM)
         if not _same(out, want if r == w - 1 else _poisoned((n,), x.dtype, dev)):
             bad.append(("reduce by stores replayed", rep))
@@ -472,17 +480,7 @@ def _spread_graph(ctx, x, out, w):
         ccl.reduce(out, x, dst=root)
         ccl.broadcast(x, src=1)
 
-    calls()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    for rep in range(3):
-        xs = [_data((n,), x.dtype, q, 70 + rep, dev) for q in range(w)]
-        x.copy_(xs[r])
-        out.fill_(POISON)
-        graph.replay()
-        torch.cuda.synchronize()
+    for rep, xs in _replays(ctx, x, out, calls, 70):
         if not _same(out, _reduce(xs, ReduceOp.SUM) if r == root else _poisoned((n,), x.dtype, dev)):
             bad.append(("spread reduce replayed", rep))
         if not _same(x, xs[1]):
