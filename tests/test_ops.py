@@ -409,7 +409,8 @@ def test_default_variant_rules():
     for kind, owner, w, want in (("rs", 1024, 2, 2), ("rs", 2048, 2, 2), ("rs", 4096, 2, 2), ("rs", 8192, 2, 4),
                                  ("rs", 2048, 4, 2),
                                  ("ar", 1024, 2, 2), ("ar", 2048, 2, 4), ("ar", 2048, 4, 2), ("mag", 1024, 2, 2),
-                                 ("mag", 4096, 2, 4), ("mag", 2048, 4, 2), ("ag", 4096, 2, 1)):
+                                 ("mag", 4096, 2, 4), ("mag", 1024, 4, 2), ("mag", 2048, 4, 4),
+                                 ("ag", 4096, 2, 1)):
         assert streamed_chunks(kind, owner, w) == want, (kind, owner, w)
 
 

@@ -58,14 +58,16 @@ AG_CCL_MAX_MACS = 1 << 36  # all_gather_matmul: "ccl" below these multiply-adds
 RS_CCL_MAX_MACS = 1 << 34  # matmul_reduce_scatter beyond 2 ranks: "ccl" below these, fused from them
 CHUNK_ROWS = 512  # streamed: chunks per owner's rows of about this many, 2 to 4 (one chunk cannot overlap)
 RS_CHUNK_ROWS = 2048  # matmul_reduce_scatter's on 2 ranks (2 chunks led 4 up to 4096 rows an owner)
-CHUNKS_BEYOND_2 = 2  # beyond 2 ranks (4 ranks: 2 led 3 and 4 from 1024 rows an owner)
+CHUNKS_BEYOND_2 = 2  # matmul_all_reduce's and matmul_reduce_scatter's beyond 2 ranks (4 ranks: 2 led 3 and 4 from
+# 1024 rows an owner); matmul_all_gather's follow CHUNK_ROWS at any world (4 ranks, 2048 rows a rank: 4 chunks 503 us,
+# 2 chunks 547 in a graph)
 
 
 def streamed_chunks(kind: str, owner_rows: int, world: int = 2) -> int:
     """The default chunks of a streamed op whose ranks each own owner_rows rows of the output."""
     if kind == "ag":
         return 1
-    if world > 2:
+    if world > 2 and kind != "mag":
         return CHUNKS_BEYOND_2
     return min(4, max(2, owner_rows // (RS_CHUNK_ROWS if kind == "rs" else CHUNK_ROWS)))
 IRIS_TILE = dict(block_size_m=256, block_size_n=64)  # Iris's default tile: it defines who owns which tiles
