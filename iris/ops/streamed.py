@@ -178,6 +178,7 @@ def preamble(ctx, kind: str, output, A, B, chunks: int, comm_sms=None, watch=Non
     ws["rx"] = torch.cuda.Stream(dev, priority=-1) if cuda else None
     if ws["kind"] == "ar_ccl":
         ws["ccl"] = Config(comm_sms=comm_sms)
+        ws["zero"] = torch.zeros(N, dtype=dt, device=dev)  # addmm's bias: the GEMM through cuBLASLt
         for a, b in ws["rows"]:  # its workspaces too, so that the first call can be captured
             ctx.ccl.all_reduce_preamble(output[a:b], ws["buf"][a:b], config=ws["ccl"])
     ctx.barrier()  # every rank's flags are zero before any peer signals into them
@@ -210,12 +211,31 @@ def _wait(e, stream=None):
 
 
 def _all_reduce_ccl(ctx, ws, output, A, B, chunk, r, w, main):
-    """Chunks of rows, each reduced by ctx.ccl.all_reduce on a few SMs beside cuBLAS's next chunk."""
-    buf = ws["buf"]
+    """Chunks of rows, each reduced by ctx.ccl.all_reduce on comm_sms programs beside cuBLAS's next chunk,
+    which leaves it those SMs."""
+    buf, zero = ws["buf"], ws["zero"]
     for a, b in ws["rows"]:
-        torch.matmul(A[a:b], B, out=buf[a:b])
+        with _carved(ws["ccl"].comm_sms):
+            torch.addmm(zero, A[a:b], B, out=buf[a:b])
         with _on(ws["rx"], main):
             ctx.ccl.all_reduce(output[a:b], buf[a:b], config=ws["ccl"])
+
+
+@contextlib.contextmanager
+def _carved(sms):
+    """cuBLAS's GEMMs inside leave `sms` SMs to other streams' kernels: torch's experimental SM carveout,
+    which its cuBLASLt path reads (addmm with a bias vector takes it; torch.matmul's cuBLAS path ignores
+    it, so a kernel on another stream waits for the GEMM's SMs)."""
+    carve = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    if carve is None:
+        yield
+        return
+    before = torch._C._get_sm_carveout_experimental()
+    carve(sms)
+    try:
+        yield
+    finally:
+        carve(before)
 
 
 def _sum_owned(ws, A, B, dst, chunk, r, w, main, done=None):
