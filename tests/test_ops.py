@@ -389,6 +389,23 @@ def test_call_signature_checked_once():
         assert not errs, f"rank {r}: {errs}"
 
 
+def test_streamed_gemm_leaves_comm_sms():
+    """The streamed matmul_all_reduce with comm_sms runs its GEMM chunks under torch's SM carveout of comm_sms,
+    and gives back the carveout it found, also when the GEMM raises."""
+    from iris.ops.streamed import _carved
+    torch._C._set_sm_carveout_experimental(None)
+    with _carved(32):
+        assert torch._C._get_sm_carveout_experimental() == 32
+    assert torch._C._get_sm_carveout_experimental() is None
+    torch._C._set_sm_carveout_experimental(4)
+    with pytest.raises(RuntimeError):
+        with _carved(16):
+            assert torch._C._get_sm_carveout_experimental() == 16
+            raise RuntimeError("the GEMM failed")
+    assert torch._C._get_sm_carveout_experimental() == 4
+    torch._C._set_sm_carveout_experimental(None)
+
+
 def test_default_variant_rules():
     """What config=None runs on GPUs, by shape and ranks (K = N = 8192, M output rows; gemm_comm.py)."""
     from iris.ops import default_variant
