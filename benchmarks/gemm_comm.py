@@ -121,10 +121,10 @@ def check(name, got, want):
 def _variants():
     """label -> FusedConfig, per op. streamed_<chunks>: that many chunks per owner's rows (all_reduce,
     reduce_scatter, matmul_all_gather; one chunk still overlaps the peers' blocks or rows with the
-    copies); ccl: the GEMM, then ctx.ccl's collective; streamed_2_ccl32:
-    matmul_all_reduce's chunks reduced by ctx.ccl.all_reduce on 32 programs instead of the copy
-    engines; fused_bn64: narrower tiles (more
-    waves, so more of the pushes overlap the next wave's GEMM); two_shot: the two-shot kernel (Iris's
+    copies); ccl: the GEMM, then ctx.ccl's collective; streamed_<chunks>_ccl<sms>: matmul_all_reduce's
+    chunks reduced by ctx.ccl.all_reduce on that many programs, beside the GEMM's next chunk, instead of
+    the copy engines; fused_bn64: narrower tiles (more waves, so more of the pushes overlap the next
+    wave's GEMM); two_shot: the two-shot kernel (Iris's
     tile ownership) with the same tiles. Tiles chosen by shape, as with config=None."""
     def F(**kw):
         return FusedConfig(**{**dict(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8,
@@ -137,7 +137,8 @@ def _variants():
             "ar": {"fused": F(variant="fused"), "two_shot": F(variant="fused", all_reduce_variant="two_shot"), **ccl,
                    "fused_bn64": F(variant="fused", block_size_n=64, num_warps=4),
                    **chunked,
-                   "streamed_2_ccl32": F(variant="streamed", chunks=2, comm_sms=32)}}
+                   **{f"streamed_{c}_ccl{sms}": F(variant="streamed", chunks=c, comm_sms=sms)
+                      for c, sms in ((2, 32), (4, 32), (2, 64))}}}
 
 
 def variants(row, fns, kind, call, name, got, want):
