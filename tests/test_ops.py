@@ -300,11 +300,13 @@ def test_matmul_all_gather_bias_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["fused", "streamed", "ccl"])
+@pytest.mark.parametrize("variant", ["fused", "streamed", "streamed_ccl", "ccl"])
 def test_fused_ops_gpu_repeated_calls_replay(variant):
     world = 4 if torch.cuda.device_count() >= 4 else 2
-    out = iris.spawn(rank_ops_repeat, world, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6,
-                                                   FusedConfig(variant=variant, chunks=2)))
+    # streamed_ccl: matmul_all_reduce's chunks reduced by ctx.ccl on 8 programs beside cuBLASLt's carveout
+    cfg = FusedConfig(variant="streamed", chunks=2, comm_sms=8) if variant == "streamed_ccl" else FusedConfig(
+        variant=variant, chunks=2)
+    out = iris.spawn(rank_ops_repeat, world, args=(torch.bfloat16, 2 * 200, 520, 2 * 264, 6, cfg))
     for r, errs in enumerate(out):
         assert not errs, f"rank {r}: {errs}"
 
