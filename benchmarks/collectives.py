@@ -116,6 +116,14 @@ class Timer:
             torch.cuda.synchronize()
         dist.barrier()
 
+    def nccl(self, row, name, fn, calls):
+        """both() for an NCCL reference; not run where ranks share a GPU (the group is then gloo, which NCCL's
+        rows would mislabel, and whose capture fails and leaves the process unable to allocate)."""
+        if self.gpu and dist.get_backend() != "nccl":
+            row[f"{name}_error"] = f"not run: the ranks share a GPU, which NCCL refuses ({dist.get_backend()} here)"
+            return
+        self.both(row, name, fn, calls)
+
     def both(self, row, name, fn, calls):
         """Eager and graph times of fn into row[name_eager_us], row[name_graph_us]; errors recorded."""
         for mode, how in (("eager", self.eager), ("graph", self.graph)):
@@ -154,7 +162,8 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
     rows = []
     group = dist.group.WORLD
     symm = None
-    if gpu:
+    shared = gpu and torch.cuda.device_count() < ctx.world  # symm_mem's CUDA backend needs a GPU per rank: a
+    if gpu and not shared:  # capture of its ops there fails and leaves the process unable to allocate
         import torch.distributed._symmetric_memory as symm_mem
         symm = symm_mem
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -187,7 +196,9 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
             timer.both(row, name, lambda: ctx.ccl.all_reduce(y_, x_, config=cfg), calls)
         ctx.ccl.all_reduce(y, x)
         row["variant_auto"] = ctx.ccl.recent["all_reduce"].plan.variant
-        timer.both(row, "nccl", lambda: dist.all_reduce(y), calls)
+        timer.nccl(row, "nccl", lambda: dist.all_reduce(y), calls)
+        if shared:
+            row["symm_error"] = f"not run: {ctx.world} ranks share {torch.cuda.device_count()} GPU(s)"
         if symm is not None:
             try:
                 t = symm.empty(n, dtype=torch.bfloat16, device=ctx.device)
@@ -252,9 +263,9 @@ def move_rows(ctx, timer, sizes, gpu, segments=()):
         row["reduce_scatter_checked"] = within(part, *bound) and (torch.equal(part, ref_p) or w > 2 or not gpu)
         ok = row["all_gather_checked"] and row["reduce_scatter_checked"]
         timer.both(row, "iris_all_gather", lambda: ctx.ccl.all_gather(gathered, x), calls)
-        timer.both(row, "nccl_all_gather", lambda: dist.all_gather_into_tensor(ref_g, x), calls)
+        timer.nccl(row, "nccl_all_gather", lambda: dist.all_gather_into_tensor(ref_g, x), calls)
         timer.both(row, "iris_reduce_scatter", lambda: ctx.ccl.reduce_scatter(part, big), calls)
-        timer.both(row, "nccl_reduce_scatter", lambda: dist.reduce_scatter_tensor(ref_p, big), calls)
+        timer.nccl(row, "nccl_reduce_scatter", lambda: dist.reduce_scatter_tensor(ref_p, big), calls)
         if a2a_in is not None:
             m = a2a_in.shape[0]
             a2a_out, ref_a = torch.empty_like(a2a_in), torch.empty(w, m, cols, dtype=x.dtype, device=ctx.device)
@@ -267,7 +278,7 @@ def move_rows(ctx, timer, sizes, gpu, segments=()):
             flat_in, flat_out = torch.empty(n, dtype=x.dtype, device=ctx.device), torch.empty(n, dtype=x.dtype,
                                                                                               device=ctx.device)
             timer.both(row, "iris_all_to_all", lambda: ctx.ccl.all_to_all(a2a_out, a2a_in), calls)
-            timer.both(row, "nccl_all_to_all", lambda: dist.all_to_all_single(flat_out, flat_in), calls)
+            timer.nccl(row, "nccl_all_to_all", lambda: dist.all_to_all_single(flat_out, flat_in), calls)
         ctx.ccl.free()
         for form, cfg in pull_forms(segments) if w > 1 else ():  # one rank has no peers: one exchange only
             gathered.fill_(-1)
@@ -355,36 +366,44 @@ SWEEP_BLOCKS = (1024, 2048, 4096, 8192, 16384)  # elements a step (bf16: 2 to 32
 SWEEP_WARPS = (4, 8, 16)
 
 
+SMALL_SWEEP = (16 * KiB, 64 * KiB, 256 * KiB)  # one_shot's sizes swept (where it trails symm_mem at 4 ranks)
+SMALL_BLOCKS = (1024, 2048, 4096, 8192)  # elements a step at those sizes (bf16: 2 to 16 KiB)
+
+
 def sweep(ctx, timer, gpu):
-    """two_shot_push, what "auto" runs above one_shot_max_bytes, on plain tensors, graph-replayed, at 1 to
-    64 MiB over elements a step and warps: the data behind its defaults (iris/ccl/builders.py, shots)."""
+    """The data behind the all_reduce defaults (iris/ccl/builders.py), on plain tensors, graph-replayed, over
+    elements a step and warps: one_shot and one_shot_push at 16 to 256 KiB (what "auto" runs up to
+    one_shot_max_bytes), two_shot_push at 1 to 64 MiB (above it); each size's last row is the default."""
     if not gpu:
         return []
     rows = []
-    for nbytes in (MiB, 4 * MiB, 16 * MiB, 64 * MiB):
-        if nbytes > timer.max_bytes:
-            break
+    cases = [(n, "one_shot", b, w) for n in SMALL_SWEEP for b in SMALL_BLOCKS for w in (4, 8)]
+    cases += [(n, "one_shot_push", b, w) for n in SMALL_SWEEP for b in SMALL_BLOCKS for w in (4, 8)]
+    cases += [(n, "two_shot_push", b, w) for n in (MiB, 4 * MiB, 16 * MiB, 64 * MiB) for b in SWEEP_BLOCKS
+              for w in SWEEP_WARPS]
+    sizes = sorted({n for n, *_ in cases if n <= timer.max_bytes})
+    for nbytes in sizes:
         x = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=ctx.device)
         y = torch.empty_like(x)
-        for block in SWEEP_BLOCKS:
-            for warps in SWEEP_WARPS:
-                cfg = Config(block_size=block, num_warps=warps, all_reduce_variant="two_shot_push")
-                row = {"bytes": nbytes, "block_size": block, "num_warps": warps}
+        for n, variant, block, warps in cases:
+            if n == nbytes:
+                cfg = Config(block_size=block, num_warps=warps, all_reduce_variant=variant)
+                row = {"bytes": nbytes, "variant": variant, "block_size": block, "num_warps": warps}
                 row["graph_us"] = timer.graph(lambda: ctx.ccl.all_reduce(y, x, config=cfg), 20) * 1e6
                 rows.append(row)
                 ctx.ccl.free()
-        row = {"bytes": nbytes, "block_size": 0, "num_warps": 0}  # the default
+        row = {"bytes": nbytes, "variant": "auto", "block_size": 0, "num_warps": 0}  # the default
         row["graph_us"] = timer.graph(lambda: ctx.ccl.all_reduce(y, x), 20) * 1e6
         rows.append(row)
         ctx.ccl.free()
     if ctx.rank == 0:
-        for nbytes in sorted({r["bytes"] for r in rows}):
+        for nbytes in sizes:
             mine = [r for r in rows if r["bytes"] == nbytes]
             best = min(mine, key=lambda r: r["graph_us"])
-            print(f"sweep two_shot_push {nbytes >> 20} MiB: best block {best['block_size']} warps "
+            print(f"sweep {nbytes >> 10} KiB: best {best['variant']} block {best['block_size']} warps "
                   f"{best['num_warps']} {best['graph_us']:.1f} us; default {mine[-1]['graph_us']:.1f} us; all: "
-                  + " ".join(f"b{r['block_size']}w{r['num_warps']}={r['graph_us']:.1f}" for r in mine[:-1]),
-                  flush=True)
+                  + " ".join(f"{r['variant']}:b{r['block_size']}w{r['num_warps']}={r['graph_us']:.1f}"
+                             for r in mine[:-1]), flush=True)
     return rows
 
 
@@ -792,7 +811,7 @@ def main(argv=None) -> int:
                                             "rank_check": iris.settings.RANK_CHECK.get(),
                                             "pipeline_bytes": builders.PIPELINE_BYTES,
                                             "spin_limit": iris.settings.SPIN_LIMIT.get(),
-                                            "host_costs": host, "two_shot_sweep": tuning, "all_reduce": ar,
+                                            "host_costs": host, "all_reduce_sweep": tuning, "all_reduce": ar,
                                             "moves": moves,
                                             "env": {k: os.environ.get(k) for k in
                                                     ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
