@@ -302,6 +302,55 @@ def check_pipelined_gives_up(ctx):
     return bad
 
 
+def check_pipelined_no_room(ctx):
+    """A pipelined all_reduce or all_gather picked by size whose stage does not fit in the heap runs its
+    one-exchange form instead (half the stage or less), right; asked for by Config.pull_segments it raises
+    HeapOutOfMemory, the heap as it was."""
+    from iris.ccl import builders
+    from iris.errors import HeapOutOfMemory
+    r, w, dev, bad = ctx.rank, ctx.world, ctx.device, []
+    n = 4096  # float32; stages: all_reduce pipelined about 4 n, one exchange 2 n; all_gather 2 w n and 2 n
+    xs = [_data((n,), torch.float32, q, 3, dev) for q in range(w)]
+    keep = dict(builders.PIPELINE_BYTES)
+    ctx.ccl.free()
+    hole, fill, size = ctx.empty((3 * n,), dtype=torch.float32), [], 1 << 40  # the only room left, in the end
+    while size >= 256:
+        try:
+            fill.append(ctx.empty((size,), dtype=torch.uint8))
+        except HeapOutOfMemory:
+            size //= 2
+    ctx.free(hole)
+    push, gathered = Config(all_reduce_variant="two_shot_push"), _poisoned((w * n,), torch.float32, dev)
+    out, want = _poisoned((n,), torch.float32, dev), (_reduce(xs, ReduceOp.SUM), torch.cat(xs))
+    try:
+        builders.PIPELINE_BYTES.update(ar=0, ag=0)
+        for name, got, form, call in (("all_reduce", out, "two_shot_push",
+                                       lambda c: ctx.ccl.all_reduce(out, xs[r], config=c or push)),
+                                      ("all_gather", gathered, "one_shot",
+                                       lambda c: ctx.ccl.all_gather(gathered, xs[r], config=c))):
+            try:
+                call(dataclasses.replace(push, pull_segments=2))
+                bad.append(f"{name} asked to pipeline with no room for its stage did not raise")
+            except HeapOutOfMemory:
+                pass
+            ctx.free(ctx.empty((3 * n,), dtype=torch.float32))  # the room is whole again
+            call(None)
+            if not _same(got, want[name == "all_gather"]):
+                bad.append(f"{name} with no room for its pipelined stage: wrong result")
+            if [p.variant for p in ctx.ccl.plans.values()] != [form]:
+                bad.append(f"{name} with no room for its pipelined stage planned "
+                           f"{[p.variant for p in ctx.ccl.plans.values()]}, not {form}")
+            ctx.ccl.free()
+    except HeapOutOfMemory as e:
+        bad.append(f"no room: {e}")
+    finally:
+        builders.PIPELINE_BYTES.update(keep)
+        ctx.ccl.free()
+        for t in fill:
+            ctx.free(t)
+    return bad
+
+
 def rank_host(dtypes, reps):
     ctx = iris.iris(heap_size=1 << 24)
     # small blocks: several programs, each with several steps, and a partial last block
@@ -334,6 +383,7 @@ def rank_host(dtypes, reps):
     bad += check_group(ctx)
     bad += check_spin_limit(ctx)
     bad += check_pipelined_gives_up(ctx) if ctx.world == 2 else []
+    bad += check_pipelined_no_room(ctx)
     ctx.close()
     return bad
 
@@ -513,6 +563,7 @@ def rank_gpu(reps, replays):
         wrong = graph_wrong(lambda: ctx.ccl.all_reduce(out, x, config=cfg), x, out, list(range(w)), r, 4, replays)
         if wrong:
             bad.append(("graph", n, wrong))
+    bad += check_pipelined_no_room(ctx)
     ctx.close()
     return bad
 

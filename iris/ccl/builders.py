@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..allocators.offsets import round_up
+from ..errors import HeapOutOfMemory
 from .kernels.accumulate import accumulate_kernel
 from .kernels.pull import broadcast_kernel, pull_kernel
 from .kernels.push import gather_push_kernel, push_kernel, scatter_push_kernel
@@ -52,7 +53,9 @@ def all_reduce(ccl, out, inp, op, cfg) -> Plan:
     if variant in ("atomic", "spinlock"):
         return accumulate(ccl, out, inp, cfg, variant == "spinlock")
     if variant == "two_shot_push" and pipelined("ar", inp, cfg, ccl.ctx.world):
-        return scatter_push(ccl, "ar", out, inp, op, cfg)
+        plan = roomy(lambda: scatter_push(ccl, "ar", out, inp, op, cfg), cfg)
+        if plan is not None:
+            return plan
     if variant == "ring":
         return ring(ccl, out, inp, op, cfg)
     return shots(ccl, out, inp, op, cfg, variant)
@@ -75,8 +78,12 @@ def whole(ccl, mode, out, inp, op, cfg, src=0) -> Plan:
         return ring_reduce_scatter(ccl, out, inp, op, cfg, mode == "rst")
     if mode == "rst":
         return tile_reduce_scatter(ccl, out, inp, op, cfg)
-    if mode == "rs" or pipelined(mode, inp, cfg, ccl.ctx.world):
+    if mode == "rs":
         return scatter_push(ccl, mode, out, inp, op, cfg)
+    if pipelined(mode, inp, cfg, ccl.ctx.world):
+        plan = roomy(lambda: scatter_push(ccl, mode, out, inp, op, cfg), cfg)
+        if plan is not None:
+            return plan
     if mode == "bc" and ccl.ctx.world > 2 and inp.numel() * inp.element_size() >= SPLIT_BROADCAST:
         return broadcast(ccl, out, inp, cfg, src)
     return pull(ccl, mode, out, inp, op, cfg, src)
@@ -354,6 +361,19 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
                 rank=ctx.rank, WORLD=w, PEERS=pow2(w), MODE=mode, BLOCK=block, SPIN=cfg.spin_limit)
     return Plan(pull_kernel, programs, options(cfg, 8), workspace, "one_shot", src=src, OP=op.value,
                 IS_FLOAT=inp.dtype.is_floating_point, **args)
+
+
+def roomy(build, cfg):
+    """build()'s pipelined plan, or None where its stage (all_reduce 4 x inp, all_gather 2 x world x inp)
+    does not fit in the heap and the form was picked by size (Config.pull_segments 0): every rank finds that
+    alike (a symmetric heap; nothing is left allocated), and the caller builds the one-exchange form, which
+    stages half as much or less. Asked for by pull_segments, it raises HeapOutOfMemory."""
+    try:
+        return build()
+    except HeapOutOfMemory:
+        if cfg.pull_segments:
+            raise
+        return None
 
 
 def pipelined(mode, inp, cfg, w) -> bool:
