@@ -5,7 +5,8 @@
     python -m iris.run -n 2 benchmarks/gemm_comm.py --dry-run       # tiny sizes on the host, no GPU
 
 gemm: iris.ops.matmul (persistent, TMA) against torch.matmul (cuBLAS) at 8192^3 and 4096x8192x8192
-bf16, several tile configs, TFLOP/s (rank 0's GPU). fused (bf16, K = N = --nk, every M of --ms, the
+bf16 (--gemm-shapes), several tile configs (8 row blocks a group) and config=None's, eager and in a
+CUDA graph, TFLOP/s (rank 0's GPU). fused (bf16, K = N = --nk, every M of --ms, the
 output's rows): all_gather_matmul and matmul_all_gather (A sharded by rows) against torch.matmul
 alone (the floor: no communication), NCCL collective + torch.matmul, ctx.ccl's collective +
 torch.matmul, and torch.ops.symm_mem.fused_all_gather_matmul; matmul_reduce_scatter and
@@ -33,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import captured, init_torch_distributed, timed, write_result  # noqa: E402
 
 import iris  # noqa: E402
-from iris.ops import FusedConfig, matmul  # noqa: E402
+from iris.ops import FusedConfig, matmul, tiles_for  # noqa: E402
 
 GEMM_CONFIGS = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (128, 128, 64, 4, 8), (128, 128, 64, 3, 4),
                 (256, 128, 64, 3, 8)]
@@ -83,21 +84,30 @@ def part_gemm(dev, shapes, reps):
         ref = A @ B
         t_torch = us(dev, lambda: torch.matmul(A, B), reps)
         row = {"M": M, "N": N, "K": K, "torch_us": t_torch, "torch_tflops": flop / t_torch / 1e6, "configs": []}
-        for bm, bn, bk, st, wp in GEMM_CONFIGS if dev.type == "cuda" else [(16, 16, 16, 1, 4)]:
-            cfg = FusedConfig(block_size_m=bm, block_size_n=bn, block_size_k=bk, num_stages=st, num_warps=wp)
+        if dev.type == "cuda":  # eager times hold the host's launch where it is longer than the GEMM
+            row["torch_graph_us"] = us(dev, captured(lambda: torch.matmul(A, B)).replay, reps)
+        for tiles in (GEMM_CONFIGS if dev.type == "cuda" else [(16, 16, 16, 1, 4)]) + [None]:
+            t = tiles_for(M, N, dev, None)  # tiles None: config=None's choice
+            bm, bn, bk, st, wp = tiles or (t.bm, t.bn, t.bk, t.stages, t.warps)
+            cfg = FusedConfig(block_size_m=bm, block_size_n=bn, block_size_k=bk, num_stages=st, num_warps=wp,
+                              group_size_m=8) if tiles else None
             try:
                 out = matmul(A, B, config=cfg)
                 err = (out.float() - ref.float()).abs().max().item()
                 t = us(dev, lambda: matmul(A, B, out=out, config=cfg), reps)
-                row["configs"].append({"config": [bm, bn, bk, st, wp], "us": t, "tflops": flop / t / 1e6,
+                row["configs"].append({"config": [bm, bn, bk, st, wp] if tiles else "default", "us": t, "tflops": flop / t / 1e6,
                                        "vs_torch": t_torch / t, "max_abs_err_vs_torch": err})
+                if dev.type == "cuda":
+                    g = us(dev, captured(lambda: matmul(A, B, out=out, config=cfg)).replay, reps)
+                    row["configs"][-1].update(graph_us=g, graph_vs_torch=row["torch_graph_us"] / g)
             except Exception as e:  # noqa: BLE001 - a config that does not fit is recorded
-                row["configs"].append({"config": [bm, bn, bk, st, wp], "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                row["configs"].append({"config": [bm, bn, bk, st, wp] if tiles else "default", "error": f"{type(e).__name__}: {str(e)[:200]}"})
         t_torch2 = us(dev, lambda: torch.matmul(A, B), reps)  # again: clocks drift over the sweep
         row["torch_us_after"] = t_torch2
         rows.append(row)
         if dist.get_rank() == 0:
-            best = max((c for c in row["configs"] if "tflops" in c), key=lambda c: c["tflops"], default=None)
+            best = min((c for c in row["configs"] if "us" in c), key=lambda c: c.get("graph_us", c["us"]),
+                       default=None)
             print(f"gemm {M}x{N}x{K}: torch {row['torch_tflops']:.0f} TFLOP/s; best iris {best}", flush=True)
     return rows
 
@@ -277,6 +287,9 @@ def main():
     p.add_argument("--small-ms", default="128,256", help="comma-separated M of matmul_all_reduce alone (below --ms)")
     p.add_argument("--nk", type=int, default=8192, help="N = K")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--gemm-shapes", default="8192x8192x8192,4096x8192x8192",
+                   help="--part gemm: comma-separated MxNxK (a rank's GEMM: the fused ops' K is K/world for "
+                        "matmul_all_reduce and matmul_reduce_scatter)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rank, world = init_torch_distributed()
@@ -285,7 +298,8 @@ def main():
     reps = 2 if small else args.reps
     payload = {"dtype": "bfloat16"}
     if args.part in ("gemm", "all"):
-        shapes = [(64, 48, 32)] if small else [(8192, 8192, 8192), (4096, 8192, 8192)]
+        shapes = [(64, 48, 32)] if small else [tuple(int(v) for v in x.split("x"))
+                                                for x in args.gemm_shapes.split(",")]
         payload["gemm"] = part_gemm(dev, shapes, reps)
     if args.part in ("fused", "all"):
         ctx = iris.iris(heap_size=(1 << 24) if small else (16 << 30))  # every shape's workspaces stay

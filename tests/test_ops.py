@@ -194,6 +194,31 @@ def test_fused_ops_gpu_default_tiles(dtype, M):
         assert not errs, f"rank {r}: {errs}"
 
 
+def rank_gather_k_repeats(dtype):
+    """all_gather_matmul in Iris's layout (A sharded by columns) called again and again: new data in the same
+    tensors (its GEMM's launch is remembered), then another output tensor (built anew); every call right."""
+    ctx = iris.iris(heap_size=1 << 24)
+    r, w, dev = ctx.get_rank(), ctx.get_num_ranks(), ctx.get_device()
+    m, kl, n = 24, 16, 40
+    A, B = torch.empty(m, kl, dtype=dtype, device=dev), torch.empty(w * kl, n, dtype=dtype, device=dev)
+    outs, errors = [torch.empty(m, n, dtype=dtype, device=dev) for _ in range(2)], []
+    for rep, out in enumerate([outs[0]] * 3 + [outs[1]]):
+        ins = _inputs(w, [(m, kl)], dtype, 50 + rep)
+        Bg = torch.randn(w * kl, n, generator=torch.Generator().manual_seed(60 + rep)).to(dtype)
+        A.copy_(ins[r][0]), B.copy_(Bg)
+        out.fill_(float("nan"))
+        ctx.ops.all_gather_matmul(out, A, B)
+        want = torch.cat([x[0].float() for x in ins], dim=1) @ Bg.float()
+        errors.append(_close(f"all_gather_matmul (A by columns) call {rep}", out, want, dtype))
+    ctx.close()
+    return [e for e in errors if e]
+
+
+def test_gather_k_repeated_calls():
+    for r, errs in enumerate(iris.spawn(rank_gather_k_repeats, 2, args=(torch.float16,))):
+        assert not errs, f"rank {r}: {errs}"
+
+
 def test_matmul_world_one_transposed_and_odd():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     for dtype in (torch.bfloat16, torch.float16):

@@ -156,15 +156,18 @@ class Tiles:
 
 
 def tiles_for(M: int, N: int, device: torch.device, config: FusedConfig | None, elem: int = 2) -> Tiles:
-    """The config with its None fields chosen for an M x N output on device: small M takes narrower
-    tiles so that every SM has one (config=None: all of them so chosen, with 8 row blocks per group).
-    Stages are cut to what fits in shared memory for elem-byte operands."""
+    """The config with its None fields chosen for an M x N output on device: 128 x 256 tiles, narrower
+    where that leaves an SM without one (config=None: all of them so chosen, with 8 row blocks per group).
+    Stages are cut to what fits in shared memory for elem-byte operands. One H200, N = 8192, graph us
+    (gemm_comm-gemm-gpu-1ranks-shards.json): 128 x 256 took 48 / 92 / 175 / 352 where 128 x 128 took
+    52 / 101 / 193 / 392 at M x K = 1024 x 2048, 2048 x 2048, 2048 x 4096, 2048 x 8192 (cuBLAS 47 / 91 /
+    173 / 339)."""
     cfg = config or FusedConfig(block_size_m=None, block_size_n=None, block_size_k=None, group_size_m=8)
     if interpreted() or device.type != "cuda":
         bm, bn, bk, stages, warps = 16, 16, 16, 1, 4
     elif M <= 128:
         bm, bn, bk, stages, warps = 128, 64, 64, 4, 4
-    elif M <= 2048:
+    elif M <= 2048 and triton.cdiv(M, 128) * triton.cdiv(N, 256) < num_sms(device):
         bm, bn, bk, stages, warps = 128, 128, 64, 4, 8
     else:
         bm, bn, bk, stages, warps = 128, 256, 64, 3, 8
@@ -218,14 +221,22 @@ def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
         raise ValueError(f"matmul: out must be {M}x{N}, got {tuple(out.shape)}")
     if M == 0 or N == 0:
         return out
+    grid, args, kw = matmul_args(A, B, out, config)
+    _matmul_kernel[grid](*args, **kw)
+    return out
+
+
+def matmul_args(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, config: FusedConfig | None) -> tuple:
+    """(grid, args, kw) of _matmul_kernel for out = A @ B, checked operands: what launch() remembers, so
+    that an op repeating its GEMM on the same tensors skips the descriptors and the JIT's launch."""
+    (M, K), N = A.shape, B.shape[1]
     t = tiles_for(M, N, A.device, config, A.element_size())
     tma = tma_ok(A, B) and out.stride(1) == 1 and tma_ok(out)
     a, a_t = operand(A, (t.bm, t.bk), tma)
     b, b_t = operand(B, (t.bk, t.bn), tma)
     c = operand(out, (t.bm, t.bn), tma)[0]
     grid = min(t.sms, triton.cdiv(M, t.bm) * triton.cdiv(N, t.bn))
-    _matmul_kernel[(grid,)](a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0),
-                            out.stride(1), BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, NUM_SMS=grid, TMA=tma,
-                            A_T=a_t, B_T=b_t, STAGES=t.stages, FLATTEN=tma, num_warps=t.warps,
-                            num_stages=t.stages)
-    return out
+    return ((grid,), (a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0),
+                      out.stride(1)),
+            dict(BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, NUM_SMS=grid, TMA=tma, A_T=a_t, B_T=b_t,
+                 STAGES=t.stages, FLATTEN=tma, num_warps=t.warps, num_stages=t.stages))
