@@ -38,7 +38,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import RANK_CHECK_HELP, WAIT_BOUND_HELP, both_ways, init_torch_distributed, write_result  # noqa: E402
+from common import (RANK_CHECK_HELP, WAIT_BOUND_HELP, both_ways, init_torch_distributed, nccl_unusable,  # noqa: E402
+                    write_result)
 
 import iris  # noqa: E402
 from iris.ccl import Config, ReduceOp, builders  # noqa: E402
@@ -119,8 +120,9 @@ class Timer:
     def nccl(self, row, name, fn, calls):
         """both() for an NCCL reference; not run where ranks share a GPU (the group is then gloo, which NCCL's
         rows would mislabel, and whose capture fails and leaves the process unable to allocate)."""
-        if self.gpu and dist.get_backend() != "nccl":
-            row[f"{name}_error"] = f"not run: the ranks share a GPU, which NCCL refuses ({dist.get_backend()} here)"
+        why = self.gpu and nccl_unusable(dist.get_world_size())
+        if why:
+            row[f"{name}_error"] = f"not run: {why}"
             return
         self.both(row, name, fn, calls)
 
@@ -162,8 +164,8 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
     rows = []
     group = dist.group.WORLD
     symm = None
-    shared = gpu and torch.cuda.device_count() < ctx.world  # symm_mem's CUDA backend needs a GPU per rank: a
-    if gpu and not shared:  # capture of its ops there fails and leaves the process unable to allocate
+    shared = gpu and nccl_unusable(ctx.world)  # ranks share a GPU: symm_mem's CUDA backend needs one per rank,
+    if gpu and not shared:  # and a capture of its ops there fails and leaves the process unable to allocate
         import torch.distributed._symmetric_memory as symm_mem
         symm = symm_mem
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -198,7 +200,7 @@ def all_reduce_rows(ctx, timer, sizes, gpu):
         row["variant_auto"] = ctx.ccl.recent["all_reduce"].plan.variant
         timer.nccl(row, "nccl", lambda: dist.all_reduce(y), calls)
         if shared:
-            row["symm_error"] = f"not run: {ctx.world} ranks share {torch.cuda.device_count()} GPU(s)"
+            row["symm_error"] = f"not run: {shared}"
         if symm is not None:
             try:
                 t = symm.empty(n, dtype=torch.bfloat16, device=ctx.device)

@@ -86,24 +86,23 @@ def part_gemm(dev, shapes, reps):
         row = {"M": M, "N": N, "K": K, "torch_us": t_torch, "torch_tflops": flop / t_torch / 1e6, "configs": []}
         if dev.type == "cuda":  # eager times hold the host's launch where it is longer than the GEMM
             row["torch_graph_us"] = us(dev, captured(lambda: torch.matmul(A, B)).replay, reps)
+        auto = tiles_for(M, N, dev, None)  # config=None's choice (the row "default")
         for tiles in (GEMM_CONFIGS if dev.type == "cuda" else [(16, 16, 16, 1, 4)]) + [None]:
-            auto = tiles_for(M, N, dev, None)  # tiles None: config=None's choice
             bm, bn, bk, st, wp = tiles or (auto.bm, auto.bn, auto.bk, auto.stages, auto.warps)
             cfg = FusedConfig(block_size_m=bm, block_size_n=bn, block_size_k=bk, num_stages=st, num_warps=wp,
                               group_size_m=8) if tiles else None
+            name = [bm, bn, bk, st, wp] if tiles else "default"
             try:
                 out = matmul(A, B, config=cfg)
                 err = (out.float() - ref.float()).abs().max().item()
                 t = us(dev, lambda: matmul(A, B, out=out, config=cfg), reps)
-                name = [bm, bn, bk, st, wp] if tiles else "default"
                 row["configs"].append({"config": name, "us": t, "tflops": flop / t / 1e6,
                                        "vs_torch": t_torch / t, "max_abs_err_vs_torch": err})
                 if dev.type == "cuda":
                     g = us(dev, captured(lambda: matmul(A, B, out=out, config=cfg)).replay, reps)
                     row["configs"][-1].update(graph_us=g, graph_vs_torch=row["torch_graph_us"] / g)
             except Exception as e:  # noqa: BLE001 - a config that does not fit is recorded
-                row["configs"].append({"config": [bm, bn, bk, st, wp] if tiles else "default",
-                                       "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                row["configs"].append({"config": name, "error": f"{type(e).__name__}: {str(e)[:200]}"})
         t_torch2 = us(dev, lambda: torch.matmul(A, B), reps)  # again: clocks drift over the sweep
         row["torch_us_after"] = t_torch2
         rows.append(row)

@@ -53,7 +53,8 @@ def all_reduce(ccl, out, inp, op, cfg) -> Plan:
     if variant in ("atomic", "spinlock"):
         return accumulate(ccl, out, inp, cfg, variant == "spinlock")
     if variant == "two_shot_push" and pipelined("ar", inp, cfg, ccl.ctx.world):
-        plan = roomy(lambda: scatter_push(ccl, "ar", out, inp, op, cfg), cfg)
+        # the pipelined stage (4 x inp) where it fits, else one exchange (2 x inp), unless pull_segments asks
+        plan = roomy(lambda: scatter_push(ccl, "ar", out, inp, op, cfg), bool(cfg.pull_segments))
         if plan is not None:
             return plan
     if variant == "ring":
@@ -80,8 +81,8 @@ def whole(ccl, mode, out, inp, op, cfg, src=0) -> Plan:
         return tile_reduce_scatter(ccl, out, inp, op, cfg)
     if mode == "rs":
         return scatter_push(ccl, mode, out, inp, op, cfg)
-    if pipelined(mode, inp, cfg, ccl.ctx.world):
-        plan = roomy(lambda: scatter_push(ccl, mode, out, inp, op, cfg), cfg)
+    if pipelined(mode, inp, cfg, ccl.ctx.world):  # all_gather's stage 2 x world x inp, one exchange's 2 x inp
+        plan = roomy(lambda: scatter_push(ccl, mode, out, inp, op, cfg), bool(cfg.pull_segments))
         if plan is not None:
             return plan
     if mode == "bc" and ccl.ctx.world > 2 and inp.numel() * inp.element_size() >= SPLIT_BROADCAST:
@@ -363,15 +364,14 @@ def pull(ccl, mode, out, inp, op, cfg, src=0):
                 IS_FLOAT=inp.dtype.is_floating_point, **args)
 
 
-def roomy(build, cfg):
-    """build()'s pipelined plan, or None where its stage (all_reduce 4 x inp, all_gather 2 x world x inp)
-    does not fit in the heap and the form was picked by size (Config.pull_segments 0): every rank finds that
-    alike (a symmetric heap; nothing is left allocated), and the caller builds the one-exchange form, which
-    stages half as much or less. Asked for by pull_segments, it raises HeapOutOfMemory."""
+def roomy(build, asked=False):
+    """build()'s plan, or None where its stage does not fit in the heap: every rank finds that alike (a
+    symmetric heap; nothing is left allocated), and the caller builds a form that stages less. asked (the
+    Config asked for this form): HeapOutOfMemory is raised instead."""
     try:
         return build()
     except HeapOutOfMemory:
-        if cfg.pull_segments:
+        if asked:
             raise
         return None
 

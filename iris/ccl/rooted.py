@@ -12,9 +12,9 @@ plan checks and sizing that p2p.py shares. See docs/collectives.md.
 from __future__ import annotations
 
 from ..allocators.offsets import round_up
-from ..errors import CollectiveError, HeapOutOfMemory
+from ..errors import CollectiveError
 from . import puts
-from .builders import pair_state, scatter_push
+from .builders import pair_state, roomy, scatter_push
 from .checks import contiguous, nonempty, not_capturing, on_heap, overlap, pair, position, same_dtype, tensor, within
 from .config import ReduceOp
 from .kernels.pair import rooted_kernel, spread_kernel
@@ -52,10 +52,9 @@ def _stores(ccl, out, inp, dst, op, config):
     key = ("reduce", dst, op, inp.shape, inp.dtype, out.shape, out_heap, cfg.key())  # waits.py names "reduce"
     plan = ccl.plans.get(key)
     if plan is None:
-        try:
-            plan = ccl.plans[key] = scatter_push(ccl, "rd", out, inp, op, cfg, dst, out_heap)
-        except HeapOutOfMemory:
-            return None
+        plan = roomy(lambda: scatter_push(ccl, "rd", out, inp, op, cfg, dst, out_heap))
+        if plan is not None:
+            ccl.plans[key] = plan
     return plan
 
 

@@ -35,7 +35,9 @@ def run(ctx, output, A, B, config, ws) -> torch.Tensor:
     """On the current stream; no host synchronization."""
     ws["shard_t"].copy_(A.t())
     ctx.ccl.all_gather(ws["gathered"], ws["shard_t"])
-    if output.numel():  # the GEMM's launch remembered while the same tensors come back (its host work
-        g = ws["gathered"].t()  # outlasts a GEMM of a few thousand rows)
+    if output.numel():
+        # the GEMM's launch is remembered while the same tensors come back: building it (descriptors, the
+        # JIT's launch) takes longer than a GEMM of a few thousand rows
+        g = ws["gathered"].t()
         launch(ws, _matmul_kernel, (g, B, output), lambda: matmul_args(g, B, output, config))
     return output
